@@ -1,0 +1,103 @@
+"""Every use of CPython's private asyncio names, in one place.
+
+Checked against CPython 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (the pyenv builds
+the conformance run uses); 3.14 by reading its sources.  When a name moves,
+this is the only module to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+from asyncio import base_events, constants, futures, sslproto, transports, trsock
+from typing import Any
+
+__all__ = [
+    "ACCEPT_RETRY_DELAY",
+    "FlowControlMixin",
+    "LOG_THRESHOLD_FOR_CONNLOST_WRITES",
+    "MAXIMUM_SELECT_TIMEOUT",
+    "MIN_CANCELLED_TIMER_HANDLES_FRACTION",
+    "MIN_SCHEDULED_TIMER_HANDLES",
+    "PY312",
+    "PY314",
+    "SENDFILE_TRY_NATIVE",
+    "SSLProtocol",
+    "TransportSocket",
+    "base_default_policy",
+    "cancel_all_tasks",
+    "format_handle",
+    "server_attach",
+    "server_detach",
+    "set_nodelay",
+    "set_result_unless_cancelled",
+]
+
+PY312 = sys.version_info >= (3, 12)
+PY314 = sys.version_info >= (3, 14)
+
+# Base of every selector transport: pause_writing/resume_writing bookkeeping
+# (_protocol_paused, _high_water, _low_water, _maybe_pause_protocol, ...).
+# base_events._SendfileFallbackProtocol reads transp._protocol_paused.
+FlowControlMixin: Any = transports._FlowControlMixin
+
+TransportSocket: Any = trsock.TransportSocket
+SSLProtocol: Any = sslproto.SSLProtocol
+SENDFILE_TRY_NATIVE: Any = constants._SendfileMode.TRY_NATIVE
+LOG_THRESHOLD_FOR_CONNLOST_WRITES: int = constants.LOG_THRESHOLD_FOR_CONNLOST_WRITES
+ACCEPT_RETRY_DELAY: float = constants.ACCEPT_RETRY_DELAY
+
+# The timer-heap housekeeping constants of BaseEventLoop._run_once.
+MAXIMUM_SELECT_TIMEOUT: float = base_events.MAXIMUM_SELECT_TIMEOUT
+MIN_SCHEDULED_TIMER_HANDLES: int = base_events._MIN_SCHEDULED_TIMER_HANDLES
+MIN_CANCELLED_TIMER_HANDLES_FRACTION: float = (
+    base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
+)
+
+format_handle: Any = base_events._format_handle
+set_nodelay: Any = base_events._set_nodelay
+set_result_unless_cancelled: Any = futures._set_result_unless_cancelled
+
+# Server._attach/_detach take the transport since 3.13 (Server.close_clients).
+_ATTACH_TAKES_TRANSPORT = (
+    len(inspect.signature(base_events.Server._attach).parameters) == 2
+)
+
+
+def server_attach(server: Any, transport: Any) -> None:
+    if _ATTACH_TAKES_TRANSPORT:
+        server._attach(transport)
+    else:
+        server._attach()
+
+
+def server_detach(server: Any, transport: Any) -> None:
+    if _ATTACH_TAKES_TRANSPORT:
+        server._detach(transport)
+    else:
+        server._detach()
+
+
+def cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """asyncio.runners._cancel_all_tasks, for run() on 3.10."""
+    from asyncio import runners
+
+    runners._cancel_all_tasks(loop)  # type: ignore[attr-defined]
+
+
+def base_default_policy() -> Any:
+    """The class our EventLoopPolicy derives from.
+
+    asyncio.DefaultEventLoopPolicy is deprecated from 3.14 (accessing it
+    warns); the class behind it is reached without the warning.
+    """
+    if PY314:
+        if sys.platform == "win32":
+            from asyncio import windows_events
+
+            return windows_events._DefaultEventLoopPolicy  # type: ignore[attr-defined]
+        from asyncio import unix_events
+
+        return unix_events._UnixDefaultEventLoopPolicy  # type: ignore[attr-defined]
+    return asyncio.DefaultEventLoopPolicy

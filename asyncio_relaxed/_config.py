@@ -1,0 +1,228 @@
+"""Every tunable of asyncio_relaxed, defined once.
+
+Each field of :class:`Config` carries its unit, its default and the reason for
+the default in its metadata; the environment table and the error messages are
+derived from those fields, so a new setting is added in one place.
+
+Precedence, read once when a loop is created: keyword argument > environment
+variable (``ASYNCIO_RELAXED_<FIELD>``) > default.  ``python -E`` (which sets
+``sys.flags.ignore_environment``) makes the environment invisible, as it does
+for ``PYTHONASYNCIODEBUG``.
+
+This module knows nothing of asyncio; it is tested without sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "ENV_PREFIX",
+    "Config",
+    "PartialWrite",
+    "Poller",
+    "WriteMode",
+    "resolve",
+]
+
+ENV_PREFIX = "ASYNCIO_RELAXED_"
+
+
+class WriteMode(str, enum.Enum):
+    """When ``transport.write()`` touches the socket."""
+
+    #: Send at once when nothing is buffered (stock asyncio, uvloop 0.23).
+    EAGER = "eager"
+    #: Queue the transport; flush every queued transport once per loop
+    #: iteration, coalescing its buffers into one ``sendmsg`` (uvloop <= 0.22).
+    DEFERRED = "deferred"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PartialWrite(str, enum.Enum):
+    """What follows a short send (the kernel took only part of the data)."""
+
+    #: Wait for the socket to become writable (EPOLLOUT), as stock asyncio.
+    POLL = "poll"
+    #: Retry on the next loop iteration without waiting (libuv's pending
+    #: queue), at most ``feed_limit`` times in a row, then fall back to POLL.
+    FEED = "feed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Poller(str, enum.Enum):
+    """Which kernel interface waits for I/O."""
+
+    AUTO = "auto"
+    EPOLL = "epoll"
+    POLL = "poll"
+    SELECT = "select"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _field(default: Any, *, unit: str, why: str) -> Any:
+    return dataclasses.field(default=default, metadata={"unit": unit, "why": why})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The resolved settings of one loop.  Immutable once the loop exists."""
+
+    write: WriteMode = _field(
+        WriteMode.EAGER,
+        unit="mode",
+        why=(
+            "eager sends at once and is what stock asyncio and uvloop 0.23 do; "
+            "uvloop 0.23 went back to immediate writes (+10 % echo, and a "
+            "'write then blocking recv' hang fixed, uvloop #631). deferred "
+            "wins when a callback writes many small pieces."
+        ),
+    )
+    partial_write: PartialWrite = _field(
+        PartialWrite.POLL,
+        unit="mode",
+        why=(
+            "poll is libuv's fix for the tcp-raw-pipe regression "
+            "(18.56 -> 0.80 Gbit/s with 16 MiB writes when the pending queue "
+            "skipped the wait); feed wins when the reader drains at once."
+        ),
+    )
+    feed_limit: int = _field(
+        4,
+        unit="iterations",
+        why=(
+            "how many iterations in a row a short write is retried without "
+            "waiting for EPOLLOUT before falling back to poll, so a slow peer "
+            "cannot make the loop spin."
+        ),
+    )
+    poller: Poller = _field(
+        Poller.AUTO,
+        unit="backend",
+        why=(
+            "auto takes epoll where the platform has it, else the platform's "
+            "best selector; forcing poll or select tests the fallbacks on Linux."
+        ),
+    )
+    read_size: int = _field(
+        64 * 1024,
+        unit="bytes",
+        why=(
+            "size of the loop's one reusable receive buffer. Stock asyncio "
+            "asks recv() for 256 KiB per read, which glibc serves with mmap: "
+            "mmap + mremap + munmap around every recv (DESIGN.md §3.2)."
+        ),
+    )
+
+    def describe(self) -> list[tuple[str, str, Any, str, str]]:
+        """(field, env var, value, unit, why) for every setting."""
+        rows = []
+        for f in dataclasses.fields(self):
+            rows.append(
+                (
+                    f.name,
+                    ENV_PREFIX + f.name.upper(),
+                    getattr(self, f.name),
+                    f.metadata["unit"],
+                    f.metadata["why"],
+                )
+            )
+        return rows
+
+
+# Lower and upper bounds for the integer settings, inclusive.
+_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "feed_limit": (1, 1_000),
+    "read_size": (1024, 16 * 1024 * 1024),
+}
+
+
+def _parse_enum(kind: type[enum.Enum]) -> Callable[[str, Any], Any]:
+    def parse(where: str, value: Any) -> Any:
+        if isinstance(value, kind):
+            return value
+        token = value.strip().lower() if isinstance(value, str) else value
+        try:
+            return kind(token)
+        except ValueError:
+            allowed = "|".join(m.value for m in kind)  # type: ignore[attr-defined]
+            raise ValueError(
+                f"{where}={value!r} is not a valid setting; allowed: {allowed}"
+            ) from None
+
+    return parse
+
+
+def _parse_int(name: str) -> Callable[[str, Any], int]:
+    low, high = _INT_BOUNDS[name]
+
+    def parse(where: str, value: Any) -> int:
+        if isinstance(value, bool):
+            number = None
+        elif isinstance(value, int):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip().replace("_", ""), 10)
+            except ValueError:
+                number = None
+        if number is None or not low <= number <= high:
+            raise ValueError(
+                f"{where}={value!r} is not a valid setting; allowed: an integer "
+                f"from {low} to {high}"
+            )
+        return number
+
+    return parse
+
+
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "write": _parse_enum(WriteMode),
+    "partial_write": _parse_enum(PartialWrite),
+    "feed_limit": _parse_int("feed_limit"),
+    "poller": _parse_enum(Poller),
+    "read_size": _parse_int("read_size"),
+}
+assert set(_PARSERS) == {f.name for f in dataclasses.fields(Config)}
+
+
+def resolve(
+    options: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build a :class:`Config` from keyword *options*, the environment, defaults.
+
+    *environ* defaults to ``os.environ`` unless Python runs with ``-E``.
+    Raises ValueError naming the keyword or variable, the value and what is
+    allowed; TypeError for an unknown keyword.
+    """
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(_PARSERS))
+    if unknown:
+        raise TypeError(
+            f"unknown asyncio_relaxed option(s): {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(_PARSERS))}"
+        )
+    if environ is None:
+        environ = {} if sys.flags.ignore_environment else os.environ
+    values: dict[str, Any] = {}
+    for name, parse in _PARSERS.items():
+        if name in options and options[name] is not None:
+            values[name] = parse(name, options[name])
+            continue
+        var = ENV_PREFIX + name.upper()
+        raw = environ.get(var)
+        if raw is not None and raw.strip() != "":
+            values[name] = parse(var, raw)
+    return Config(**values)

@@ -1,0 +1,292 @@
+"""Loop: binds config, statistics, poller, transport and accept path.
+
+One iteration (``_run_once``) runs its phases in a fixed order, after libuv's
+``uv_run``::
+
+    flush writes queued outside the loop -> apply interest changes -> poll
+    -> dispatch I/O -> move due timers -> run ready callbacks
+    -> flush deferred writes and feed retries
+
+The flush after the callbacks is what makes deferred writes safe: everything a
+callback wrote leaves before the loop can block or stop, so "write, then block
+in recv()" (uvloop #631) cannot hang.  The flush before the poll sends writes
+made while the loop was not running (before ``run_until_complete``); it skips
+the feed queue, whose retries wait for the next iteration on purpose.  The
+poller applies interest changes inside ``select()``, after both.
+
+Everything else is stock ``BaseEventLoop._run_once`` (identical in 3.10-3.13):
+the timer-heap housekeeping, the timeout computation, the debug-mode
+slow-callback warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import heapq
+import logging
+import selectors
+import socket
+from typing import Any
+
+from . import _compat
+from ._config import Config, resolve
+from ._poller import Poller, default_backend
+from ._stats import Counters, LoopStatistics
+from ._transport import SocketTransport
+
+__all__ = ["Loop"]
+
+logger = logging.getLogger("asyncio")
+
+_ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+    """A drop-in asyncio event loop; see the package docs for the options.
+
+    *selector* may be a :class:`~asyncio_relaxed._poller.Poller` or any stdlib
+    selector, which is then driven through the poller's deferred bookkeeping.
+    Keyword *options* are the fields of :class:`~asyncio_relaxed.Config`; each
+    beats its ``ASYNCIO_RELAXED_*`` environment variable.
+    """
+
+    def __init__(self, selector: selectors.BaseSelector | None = None, **options: Any) -> None:
+        # Resolve the settings first: a bad value fails before any fd exists.
+        config = resolve(options)
+        self._config: Config = config
+        self._stats = Counters()
+        if selector is None:
+            poller = Poller(default_backend(config.poller.value), stats=self._stats)
+        elif isinstance(selector, Poller):
+            poller = selector
+            poller.stats = self._stats
+        else:
+            poller = Poller(selector, stats=self._stats)
+        poller.on_error = self._poller_error
+        # Transports with deferred writes, and short writes to retry (feed).
+        self._write_queue: list[SocketTransport] = []
+        self._feed_queue: list[SocketTransport] = []
+        # The one receive buffer of every plain-Protocol transport.
+        self._read_buffer = bytearray(config.read_size)
+        self._read_view = memoryview(self._read_buffer)
+        super().__init__(poller)
+
+    @property
+    def config(self) -> Config:
+        """The settings this loop was created with."""
+        return self._config
+
+    def statistics(self) -> LoopStatistics:
+        """A frozen snapshot of this loop's counters."""
+        return self._stats.snapshot(self._selector.backend_name)
+
+    def _poller_error(self, fd: int, exc: BaseException) -> None:
+        self.call_exception_handler(
+            {
+                "message": f"poller could not apply the interest change for fd {fd}; "
+                "was it closed while still registered?",
+                "exception": exc,
+            }
+        )
+
+    def close(self) -> None:
+        # Writes queued by code that ran outside the loop must still go out:
+        # stock asyncio would have sent them from write() itself.
+        if not self.is_running() and not self.is_closed():
+            if self._write_queue or self._feed_queue:
+                self._flush_writes(include_feeds=True)
+        super().close()
+
+    # -- transports ---------------------------------------------------------
+
+    def _make_socket_transport(
+        self,
+        sock: socket.socket,
+        protocol: Any,
+        waiter: Any = None,
+        *,
+        extra: dict[str, Any] | None = None,
+        server: Any = None,
+    ) -> SocketTransport:
+        return SocketTransport(self, sock, protocol, waiter, extra, server)
+
+    def _make_ssl_transport(
+        self,
+        rawsock: socket.socket,
+        protocol: Any,
+        sslcontext: Any,
+        waiter: Any = None,
+        *,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        extra: dict[str, Any] | None = None,
+        server: Any = None,
+        **timeouts: Any,  # ssl_handshake_timeout; ssl_shutdown_timeout on 3.11+
+    ) -> Any:
+        ssl_protocol = _compat.SSLProtocol(
+            self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
+        )
+        SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server)
+        return ssl_protocol._app_transport
+
+    # -- accept -------------------------------------------------------------
+
+    def _accept_connection(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any = None,
+        server: Any = None,
+        backlog: int = 100,
+        *timeouts: Any,
+    ) -> None:
+        """Accept up to *backlog* connections for one readiness event (stock, bpo-27906)."""
+        stats = self._stats
+        for _ in range(backlog):
+            stats.accept += 1
+            try:
+                conn, addr = sock.accept()
+                if self._debug:
+                    logger.debug("%r got a new connection from %r: %r", server, addr, conn)
+                conn.setblocking(False)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                # The accept queue is empty.
+                stats.accept_eagain += 1
+                return
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_RESOURCE_ERRNOS:
+                    raise  # The event loop will catch, log and ignore it.
+                # Linux keeps reporting the listener ready: stop polling it,
+                # keep serving open connections, and try again in a while.
+                # Unlike stock, stop this batch too: the next accept() would
+                # fail the same way.
+                self.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": exc,
+                        "socket": _compat.TransportSocket(sock),
+                    }
+                )
+                self._remove_reader(sock.fileno())
+                self.call_later(
+                    _compat.ACCEPT_RETRY_DELAY,
+                    self._start_serving,
+                    protocol_factory,
+                    sock,
+                    sslcontext,
+                    server,
+                    backlog,
+                    *timeouts,
+                )
+                return
+            else:
+                extra = {"peername": addr}
+                accept = self._accept_connection2(
+                    protocol_factory, conn, extra, sslcontext, server, *timeouts
+                )
+                self.create_task(accept)
+
+    # -- the iteration ------------------------------------------------------
+
+    def _flush_writes(self, include_feeds: bool) -> None:
+        """Run the queued transports' sends; a short send re-queues by policy."""
+        queue = self._write_queue
+        self._write_queue = []
+        if include_feeds and self._feed_queue:
+            queue += self._feed_queue
+            self._feed_queue = []
+        for transport in queue:
+            if transport._queued:
+                transport._write_now()
+
+    def _run_once(self) -> None:
+        """Run one full iteration of the event loop (see the module docstring)."""
+        stats = self._stats
+        stats.iterations += 1
+        scheduled = self._scheduled
+        sched_count = len(scheduled)
+        if (
+            sched_count > _compat.MIN_SCHEDULED_TIMER_HANDLES
+            and self._timer_cancelled_count / sched_count
+            > _compat.MIN_CANCELLED_TIMER_HANDLES_FRACTION
+        ):
+            # Remove delayed calls that were cancelled if their number is too high.
+            new_scheduled = []
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+                else:
+                    new_scheduled.append(handle)
+            heapq.heapify(new_scheduled)
+            self._scheduled = scheduled = new_scheduled
+            self._timer_cancelled_count = 0
+        else:
+            # Remove delayed calls that were cancelled from head of queue.
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1
+                handle = heapq.heappop(scheduled)
+                handle._scheduled = False
+
+        # Phase: writes made while the loop was not running.
+        if self._write_queue:
+            self._flush_writes(include_feeds=False)
+
+        timeout = None
+        if self._ready or self._stopping or self._feed_queue:
+            timeout = 0
+        elif scheduled:
+            # Compute the desired timeout.
+            timeout = scheduled[0]._when - self.time()
+            if timeout > _compat.MAXIMUM_SELECT_TIMEOUT:
+                timeout = _compat.MAXIMUM_SELECT_TIMEOUT
+            elif timeout < 0:
+                timeout = 0
+
+        # Phase: apply interest changes, then poll (both inside select()).
+        event_list = self._selector.select(timeout)
+        self._process_events(event_list)
+        # Needed to break cycles when an exception occurs.
+        event_list = None
+
+        # Handle 'later' callbacks that are ready.
+        end_time = self.time() + self._clock_resolution
+        ready = self._ready
+        while scheduled:
+            handle = scheduled[0]
+            if handle._when >= end_time:
+                break
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+
+        # Phase: run the callbacks that are ready now, not those they add:
+        # those run next time, after another poll.  The popleft idiom is
+        # thread-safe without locks (call_soon_threadsafe appends).
+        ntodo = len(ready)
+        ran = 0
+        for _ in range(ntodo):
+            handle = ready.popleft()
+            if handle._cancelled:
+                continue
+            ran += 1
+            if self._debug:
+                try:
+                    self._current_handle = handle
+                    t0 = self.time()
+                    handle._run()
+                    dt = self.time() - t0
+                    if dt >= self.slow_callback_duration:
+                        logger.warning(
+                            "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
+                        )
+                finally:
+                    self._current_handle = None
+            else:
+                handle._run()
+        handle = None  # Needed to break cycles when an exception occurs.
+        stats.callbacks += ran
+
+        # Phase: everything the callbacks wrote, and last iteration's feeds.
+        if self._write_queue or self._feed_queue:
+            self._flush_writes(include_feeds=True)

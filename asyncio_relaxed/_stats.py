@@ -1,0 +1,138 @@
+"""Always-on counters and the frozen snapshot ``loop.statistics()`` returns.
+
+Counting is a plain integer increment on a ``__slots__`` object, cheap enough
+to stay on in production (no locks: the loop is single-threaded, and the
+snapshot is taken on the loop's thread or tolerates a torn read).
+
+This module knows nothing of asyncio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["COUNTERS", "Counters", "LoopStatistics"]
+
+#: Counter name -> what it counts.  The order is the order of the snapshot.
+COUNTERS: dict[str, str] = {
+    "iterations": "loop iterations (_run_once calls)",
+    "events": "ready (fd, mask) pairs returned by the poller",
+    "callbacks": "callbacks (handles) run",
+    "poll_waits": "calls into the kernel poller (epoll_wait, poll, select)",
+    "epoll_ctl_add": "interest registrations sent to the kernel (EPOLL_CTL_ADD or equivalent)",
+    "epoll_ctl_mod": "interest changes sent to the kernel (EPOLL_CTL_MOD or equivalent)",
+    "epoll_ctl_del": "interest removals sent to the kernel (EPOLL_CTL_DEL or equivalent)",
+    "recv": "recv/recv_into calls on transport sockets",
+    "recv_eagain": "recv calls that found nothing to read",
+    "send": "send calls on transport sockets",
+    "sendmsg": "sendmsg calls on transport sockets",
+    "send_eagain": "send/sendmsg calls that found the socket buffer full",
+    "accept": "accept calls on listening sockets",
+    "accept_eagain": "accept calls that found no pending connection",
+    "writes": "transport.write/writelines calls with data",
+    "writes_deferred": "writes queued for the per-iteration flush instead of sent at once",
+    "writes_coalesced": "buffers that went out in a sendmsg together with another buffer",
+    "partial_writes": "sends the kernel took only part of",
+    "write_feeds": "short writes retried on the next iteration without waiting (feed policy)",
+    "always_ready_fds": "registrations the kernel poller refused (EPERM), served as always ready",
+}
+
+
+class Counters:
+    """Mutable counters, one attribute per entry of :data:`COUNTERS`."""
+
+    __slots__ = tuple(COUNTERS)
+
+    iterations: int
+    events: int
+    callbacks: int
+    poll_waits: int
+    epoll_ctl_add: int
+    epoll_ctl_mod: int
+    epoll_ctl_del: int
+    recv: int
+    recv_eagain: int
+    send: int
+    sendmsg: int
+    send_eagain: int
+    accept: int
+    accept_eagain: int
+    writes: int
+    writes_deferred: int
+    writes_coalesced: int
+    partial_writes: int
+    write_feeds: int
+    always_ready_fds: int
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        for name in COUNTERS:
+            setattr(self, name, 0)
+
+    def snapshot(self, backend: str) -> LoopStatistics:
+        return LoopStatistics(backend, *(getattr(self, name) for name in COUNTERS))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStatistics:
+    """A snapshot of a loop's counters; see :data:`COUNTERS` for each field.
+
+    ``backend`` names the kernel interface in use (``epoll``, ``poll``,
+    ``select``, ``kqueue``...).  Subtract two snapshots to count an interval:
+    ``after - before`` gives a snapshot of the differences.
+    """
+
+    backend: str
+    iterations: int = 0
+    events: int = 0
+    callbacks: int = 0
+    poll_waits: int = 0
+    epoll_ctl_add: int = 0
+    epoll_ctl_mod: int = 0
+    epoll_ctl_del: int = 0
+    recv: int = 0
+    recv_eagain: int = 0
+    send: int = 0
+    sendmsg: int = 0
+    send_eagain: int = 0
+    accept: int = 0
+    accept_eagain: int = 0
+    writes: int = 0
+    writes_deferred: int = 0
+    writes_coalesced: int = 0
+    partial_writes: int = 0
+    write_feeds: int = 0
+    always_ready_fds: int = 0
+
+    @property
+    def epoll_ctl(self) -> int:
+        """All interest changes sent to the kernel."""
+        return self.epoll_ctl_add + self.epoll_ctl_mod + self.epoll_ctl_del
+
+    @property
+    def syscalls(self) -> int:
+        """Poller, socket I/O and accept system calls counted by the loop."""
+        return (
+            self.poll_waits
+            + self.epoll_ctl
+            + self.recv
+            + self.send
+            + self.sendmsg
+            + self.accept
+        )
+
+    def as_dict(self) -> dict[str, int | str]:
+        return dataclasses.asdict(self)
+
+    def __sub__(self, other: LoopStatistics) -> LoopStatistics:
+        if not isinstance(other, LoopStatistics):
+            return NotImplemented
+        return LoopStatistics(
+            self.backend,
+            *(getattr(self, name) - getattr(other, name) for name in COUNTERS),
+        )
+
+
+assert [f.name for f in dataclasses.fields(LoopStatistics)][1:] == list(COUNTERS)

@@ -1,0 +1,621 @@
+"""The socket transport: one read per event, deferred or eager writes.
+
+Theory of operation
+===================
+
+Reads.  Each readiness event does one ``recv_into`` into a buffer the loop
+allocated once; a plain Protocol gets an exact-size ``bytes`` copy, a
+BufferedProtocol gets ``recv_into`` on its own buffer.  Stock asyncio calls
+``sock.recv(256 KiB)`` instead, and glibc serves a 256 KiB allocation with
+mmap, so every read costs mmap + mremap + munmap besides the recv (DESIGN.md
+§3.2, measured on a 1 KiB echo).
+
+Writes.  ``_buffer`` is a deque of immutable chunks (a bytearray or a
+memoryview of one is copied, so the caller may reuse it when ``write``
+returns); ``_buffer_size`` is their total, kept so flow control never walks
+the deque.  A transport is in exactly one of these write states:
+
+* idle: nothing buffered;
+* queued (``_queued``): in the loop's write queue (deferred mode) or feed
+  queue (a short write under ``partial_write=feed``); the loop calls
+  :meth:`_write_now` once per iteration, after the callbacks;
+* polling (``_polling_write``): waiting for EPOLLOUT, like stock asyncio.
+
+``write()`` in eager mode sends at once when idle (stock and uvloop 0.23);
+in deferred mode it only queues, so that everything a callback writes leaves
+in one ``sendmsg`` of up to IOV_MAX buffers (uvloop <= 0.22's
+``_queue_write``/``_exec_queued_writes``).  In every mode, a write that takes
+the buffer past the high-water mark is sent at once: code that writes a lot
+and then waits for ``drain()`` must not wait for the end of the iteration to
+learn it should pause (the stdlib start_tls tests depend on that).
+
+After a short send the policy decides: ``poll`` waits for EPOLLOUT, ``feed``
+retries on the next iteration without waiting (libuv's pending queue), at most
+``feed_limit`` times in a row, then polls.  The cap matters: with a peer that
+reads slowly, feeding alone would keep the loop from ever blocking.
+
+``close()`` keeps the connection until the buffer is empty, then closes;
+``abort()`` drops the buffer.  Nothing written before ``close()`` is lost.
+
+Error texts and the exception-handler contexts are stock asyncio's
+(``selector_events._SelectorSocketTransport``), so logs and tests read the same.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import socket
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from asyncio import protocols
+
+from . import _compat
+from ._config import PartialWrite, WriteMode
+
+if TYPE_CHECKING:
+    from ._loop import Loop
+
+__all__ = ["SocketTransport"]
+
+logger = logging.getLogger("asyncio")
+
+try:
+    IOV_MAX: int = max(16, __import__("os").sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):
+    IOV_MAX = 16
+
+_HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
+
+
+class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
+    """A stream transport over a non-blocking socket (TCP or Unix)."""
+
+    __slots__ = (
+        "_sock",
+        "_sock_fd",
+        "_protocol",
+        "_protocol_connected",
+        "_server",
+        "_buffer",
+        "_buffer_size",
+        "_conn_lost",
+        "_closing",
+        "_paused",
+        "_eof",
+        "_empty_waiter",
+        "_read_ready_cb",
+        "_queued",
+        "_sending",
+        "_polling_write",
+        "_feeds",
+        "_stats",
+        "_deferred",
+        "_feed_policy",
+        "__weakref__",
+    )
+
+    # Read by base_events.start_tls and base_events.sendfile.
+    _start_tls_compatible = True
+    _sendfile_compatible = _compat.SENDFILE_TRY_NATIVE
+
+    # Kept for code that reads it; our reads are bounded by the loop's
+    # buffer (Config.read_size), not by this attribute.
+    max_size = 256 * 1024
+
+    def __init__(
+        self,
+        loop: Loop,
+        sock: socket.socket,
+        protocol: Any,
+        waiter: Any = None,
+        extra: dict[str, Any] | None = None,
+        server: Any = None,
+    ) -> None:
+        # __del__ reads these even if __init__ fails half-way.
+        self._sock: socket.socket | None = None
+        self._server = None
+        super().__init__(extra, loop)
+        self._extra["socket"] = _compat.TransportSocket(sock)
+        try:
+            self._extra["sockname"] = sock.getsockname()
+        except OSError:
+            self._extra["sockname"] = None
+        if "peername" not in self._extra:
+            try:
+                self._extra["peername"] = sock.getpeername()
+            except OSError:
+                self._extra["peername"] = None
+        self._sock = sock
+        self._sock_fd = sock.fileno()
+        self._protocol_connected = False
+        self._read_ready_cb: Any = None
+        self.set_protocol(protocol)
+        self._server = server
+        self._buffer: collections.deque[bytes | memoryview] = collections.deque()
+        self._buffer_size = 0
+        self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
+        self._closing = False  # Set when close() is called.
+        self._paused = False  # Set when pause_reading() is called.
+        self._eof = False  # Set when write_eof() is called.
+        self._empty_waiter: Any = None  # Set while loop.sendfile() waits.
+        self._queued = False  # Set while in the loop's write or feed queue.
+        self._sending = False  # Set while _write_now runs (re-entrancy guard).
+        self._polling_write = False  # Set while waiting for EPOLLOUT.
+        self._feeds = 0  # Short writes retried without waiting, in a row.
+        config = loop._config
+        self._stats = loop._stats
+        self._deferred = config.write is WriteMode.DEFERRED
+        self._feed_policy = config.partial_write is PartialWrite.FEED
+        if server is not None:
+            _compat.server_attach(server, self)
+        loop._transports[self._sock_fd] = self
+
+        # Disable Nagle: small writes leave without waiting for the peer's ACK.
+        _compat.set_nodelay(sock)
+        loop.call_soon(self._protocol.connection_made, self)
+        # Start reading only once connection_made() has run.  The socket
+        # object, not its number, is registered: the poller uses it to prove
+        # that a pause/resume in one iteration names the same open file.
+        loop.call_soon(self._add_reader, self._sock, self._read_ready)
+        if waiter is not None:
+            loop.call_soon(_compat.set_result_unless_cancelled, waiter, None)
+
+    def __repr__(self) -> str:
+        info = [self.__class__.__name__]
+        if self._sock is None:
+            info.append("closed")
+        elif self._closing:
+            info.append("closing")
+        info.append(f"fd={self._sock_fd}")
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                mask = loop._selector.get_key(self._sock_fd).events
+            except (KeyError, ValueError):
+                mask = 0
+            info.append("read=polling" if mask & 1 else "read=idle")
+            state = "polling" if mask & 2 else "idle"
+            info.append(f"write=<{state}, bufsize={self._buffer_size}>")
+        return "<{}>".format(" ".join(info))
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        if self._sock is not None:
+            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            self._sock.close()
+            if self._server is not None:
+                _compat.server_detach(self._server, self)
+
+    # -- protocol and state ---------------------------------------------
+
+    def set_protocol(self, protocol: Any) -> None:
+        if isinstance(protocol, protocols.BufferedProtocol):
+            self._read_ready_cb = self._read_ready__get_buffer
+        else:
+            self._read_ready_cb = self._read_ready__data_received
+        self._protocol = protocol
+        self._protocol_connected = True
+
+    def get_protocol(self) -> Any:
+        return self._protocol
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if not self.is_reading():
+            return
+        self._paused = True
+        # Only the wanted mask changes: the poller sends the kernel the net
+        # change before it next waits, so pause+resume in one callback is free.
+        self._loop._remove_reader(self._sock_fd)
+        if self._loop.get_debug():
+            logger.debug("%r pauses reading", self)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._add_reader(self._sock, self._read_ready)
+        if self._loop.get_debug():
+            logger.debug("%r resumes reading", self)
+
+    def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
+        if not self.is_reading():
+            return
+        self._loop._add_reader(fd, callback, *args)
+
+    def get_write_buffer_size(self) -> int:
+        return self._buffer_size
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    # -- reading ----------------------------------------------------------
+
+    def _read_ready(self) -> None:
+        self._read_ready_cb()
+
+    def _read_ready__data_received(self) -> None:
+        if self._conn_lost:
+            return
+        loop = self._loop
+        self._stats.recv += 1
+        try:
+            nbytes = self._sock.recv_into(loop._read_buffer)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            self._stats.recv_eagain += 1
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on socket transport")
+            return
+        if not nbytes:
+            self._read_ready__on_eof()
+            return
+        data = loop._read_view[:nbytes].tobytes()
+        try:
+            self._protocol.data_received(data)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
+
+    def _read_ready__get_buffer(self) -> None:
+        if self._conn_lost:
+            return
+        try:
+            buf = self._protocol.get_buffer(-1)
+            if not len(buf):
+                raise RuntimeError("get_buffer() returned an empty buffer")
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
+            return
+        self._stats.recv += 1
+        try:
+            nbytes = self._sock.recv_into(buf)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            self._stats.recv_eagain += 1
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on socket transport")
+            return
+        if not nbytes:
+            self._read_ready__on_eof()
+            return
+        try:
+            self._protocol.buffer_updated(nbytes)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
+
+    def _read_ready__on_eof(self) -> None:
+        if self._loop.get_debug():
+            logger.debug("%r received EOF", self)
+        try:
+            keep_open = self._protocol.eof_received()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
+            return
+        if keep_open:
+            # The protocol may still write, but nothing more can be read.
+            self._loop._remove_reader(self._sock_fd)
+        else:
+            self.close()
+
+    # -- writing ----------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"data argument must be a bytes-like object, not {type(data).__name__!r}"
+            )
+        if self._eof:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if self._empty_waiter is not None:
+            raise RuntimeError("unable to write; sendfile is in progress")
+        if not data:
+            return
+        if self._conn_lost:
+            if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                logger.warning("socket.send() raised exception.")
+            self._conn_lost += 1
+            return
+        if type(data) is memoryview and (data.ndim != 1 or data.format != "B"):
+            data = data.tobytes()  # byte offsets below assume one byte per item
+        stats = self._stats
+        stats.writes += 1
+        if not self._buffer and not self._deferred:
+            # Eager fast path, safe only when nothing is buffered (order!)
+            # and the transport is neither queued nor polling, which an empty
+            # buffer implies.
+            stats.send += 1
+            try:
+                n = self._sock.send(data)  # type: ignore[union-attr]
+            except (BlockingIOError, InterruptedError):
+                stats.send_eagain += 1
+                n = 0
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on socket transport")
+                return
+            if n == len(data):
+                return
+            stats.partial_writes += 1
+            self._append(memoryview(data)[n:] if n else data)
+            self._after_short_write()
+            self._maybe_pause_protocol()
+            return
+        self._append(data)
+        if not (self._queued or self._polling_write or self._sending):
+            stats.writes_deferred += 1
+            self._queued = True
+            self._loop._write_queue.append(self)
+        self._check_high_water()
+
+    def writelines(self, list_of_data: Any) -> None:
+        if self._eof:
+            raise RuntimeError("Cannot call writelines() after write_eof()")
+        if self._empty_waiter is not None:
+            raise RuntimeError("unable to writelines; sendfile is in progress")
+        chunks = list(list_of_data)
+        for data in chunks:
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(
+                    f"data argument must be a bytes-like object, not {type(data).__name__!r}"
+                )
+        chunks = [data for data in chunks if data]
+        if not chunks:
+            return
+        if self._conn_lost:
+            if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                logger.warning("socket.send() raised exception.")
+            self._conn_lost += 1
+            return
+        self._stats.writes += 1
+        was_idle = not self._buffer
+        for data in chunks:
+            self._append(data)
+        if self._queued or self._polling_write or self._sending:
+            self._check_high_water()
+        elif was_idle and not self._deferred:
+            # One sendmsg for all of it, as stock 3.12+ does; unlike stock
+            # 3.12.0-3.12.8 the protocol is paused if it stays buffered
+            # (gh-127655: unbounded buffer growth).
+            self._write_now()
+            self._maybe_pause_protocol()
+        else:
+            self._stats.writes_deferred += 1
+            self._queued = True
+            self._loop._write_queue.append(self)
+            self._check_high_water()
+
+    def _append(self, data: bytes | bytearray | memoryview) -> None:
+        """Buffer *data*, copying what the caller could mutate afterwards."""
+        if isinstance(data, memoryview):
+            if (
+                data.readonly
+                and isinstance(data.obj, bytes)
+                and data.ndim == 1
+                and data.format == "B"
+            ):
+                chunk: bytes | memoryview = data  # a view of immutable bytes
+            else:
+                chunk = data.tobytes()
+        elif isinstance(data, bytes):
+            chunk = data
+        else:
+            chunk = bytes(data)
+        self._buffer.append(chunk)
+        self._buffer_size += len(chunk)
+
+    def _check_high_water(self) -> None:
+        """Send at once past the high-water mark, then apply flow control."""
+        if self._buffer_size > self._high_water and self._queued:
+            self._write_now()
+        self._maybe_pause_protocol()
+
+    def _write_ready(self) -> None:
+        """EPOLLOUT: the socket can take more."""
+        self._write_now()
+
+    def _write_now(self) -> None:
+        """Send as much of the buffer as the kernel takes, in one call.
+
+        Called by eager writelines, by the loop's per-iteration flush (for a
+        queued transport) and on EPOLLOUT.  Clears ``_queued``: a transport
+        that still has data afterwards is re-queued or polls, by policy.
+        """
+        self._queued = False
+        buffer = self._buffer
+        if self._conn_lost or not buffer:
+            return
+        stats = self._stats
+        sock = self._sock
+        self._sending = True
+        try:
+            if len(buffer) == 1 or not _HAS_SENDMSG:
+                stats.send += 1
+                n = sock.send(buffer[0])  # type: ignore[union-attr]
+            else:
+                stats.sendmsg += 1
+                stats.writes_coalesced += min(len(buffer), IOV_MAX)
+                n = sock.sendmsg(itertools.islice(buffer, IOV_MAX))  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            stats.send_eagain += 1
+            n = 0
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._sending = False
+            self._write_failed(exc)
+            return
+        if n:
+            self._consume(n)
+        short = bool(buffer)
+        if short:
+            stats.partial_writes += 1
+        try:
+            self._maybe_resume_protocol()  # May append to the buffer.
+        finally:
+            self._sending = False
+        if self._buffer:
+            if short:
+                self._after_short_write()
+            elif not (self._queued or self._polling_write):
+                # resume_writing() wrote more after everything went out.
+                self._queued = True
+                self._loop._write_queue.append(self)
+        else:
+            self._write_done()
+
+    def _consume(self, n: int) -> None:
+        """Drop the first *n* bytes sent from the buffer."""
+        buffer = self._buffer
+        self._buffer_size -= n
+        while n:
+            chunk = buffer[0]
+            size = len(chunk)
+            if size <= n:
+                buffer.popleft()
+                n -= size
+            else:
+                buffer[0] = memoryview(chunk)[n:]
+                break
+
+    def _after_short_write(self) -> None:
+        """The kernel took part of the buffer: feed or poll, by policy."""
+        if self._queued or self._polling_write:
+            return
+        if self._feed_policy and self._feeds < self._loop._config.feed_limit:
+            self._feeds += 1
+            self._stats.write_feeds += 1
+            self._queued = True
+            self._loop._feed_queue.append(self)
+        else:
+            self._feeds = 0
+            self._polling_write = True
+            self._loop._add_writer(self._sock_fd, self._write_ready)
+
+    def _write_done(self) -> None:
+        """Everything buffered went out."""
+        self._feeds = 0
+        if self._polling_write:
+            self._polling_write = False
+            self._loop._remove_writer(self._sock_fd)
+        waiter = self._empty_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self._closing:
+            self._call_connection_lost(None)
+        elif self._eof:
+            self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
+
+    def _write_failed(self, exc: BaseException) -> None:
+        if self._polling_write:
+            self._polling_write = False
+            self._loop._remove_writer(self._sock_fd)
+        self._buffer.clear()
+        self._buffer_size = 0
+        self._fatal_error(exc, "Fatal write error on socket transport")
+        waiter = self._empty_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def write_eof(self) -> None:
+        if self._closing or self._eof:
+            return
+        self._eof = True
+        if not self._buffer:
+            self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
+
+    # -- sendfile support (base_events._sendfile_native) ------------------
+
+    def _make_empty_waiter(self) -> Any:
+        if self._empty_waiter is not None:
+            raise RuntimeError("Empty waiter is already set")
+        self._empty_waiter = self._loop.create_future()
+        if not self._buffer:
+            self._empty_waiter.set_result(None)
+        return self._empty_waiter
+
+    def _reset_empty_waiter(self) -> None:
+        self._empty_waiter = None
+
+    # -- closing ----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._loop._remove_reader(self._sock_fd)
+        if not self._buffer:
+            self._conn_lost += 1
+            self._loop.call_soon(self._call_connection_lost, None)
+        # Otherwise the last flush or EPOLLOUT that empties the buffer calls
+        # _call_connection_lost: data written before close() is delivered.
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _fatal_error(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
+        # Should be called from an exception handler only.
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                logger.debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._loop.call_exception_handler(
+                {
+                    "message": message,
+                    "exception": exc,
+                    "transport": self,
+                    "protocol": self._protocol,
+                }
+            )
+        self._force_close(exc)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._conn_lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._buffer_size = 0
+        if self._polling_write:
+            self._polling_write = False
+            self._loop._remove_writer(self._sock_fd)
+        if not self._closing:
+            self._closing = True
+            self._loop._remove_reader(self._sock_fd)
+        self._conn_lost += 1
+        self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            if self._protocol_connected:
+                self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()  # type: ignore[union-attr]
+            self._sock = None
+            self._protocol = None
+            self._loop = None
+            server = self._server
+            if server is not None:
+                _compat.server_detach(server, self)
+                self._server = None
+            waiter = self._empty_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(ConnectionError("Connection is closed by peer"))
