@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "ACCEPT_RETRY_DELAY",
+    "DEFAULT_SSL_TIMEOUTS",
     "FlowControlMixin",
     "LOG_THRESHOLD_FOR_CONNLOST_WRITES",
     "MAXIMUM_SELECT_TIMEOUT",
@@ -53,6 +54,12 @@ MAXIMUM_SELECT_TIMEOUT: float = base_events.MAXIMUM_SELECT_TIMEOUT
 MIN_SCHEDULED_TIMER_HANDLES: int = base_events._MIN_SCHEDULED_TIMER_HANDLES
 MIN_CANCELLED_TIMER_HANDLES_FRACTION: float = (
     base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
+)
+
+# ssl_handshake_timeout, and ssl_shutdown_timeout from 3.11: the trailing
+# positional arguments of _start_serving/_accept_connection/_accept_connection2.
+DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (constants.SSL_HANDSHAKE_TIMEOUT,) + (
+    (constants.SSL_SHUTDOWN_TIMEOUT,) if sys.version_info >= (3, 11) else ()
 )
 
 format_handle: Any = base_events._format_handle

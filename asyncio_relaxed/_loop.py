@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import heapq
-import logging
 import selectors
 import socket
+from asyncio import base_events
 from typing import Any
 
 from . import _compat
@@ -36,8 +36,6 @@ from ._stats import Counters, LoopStatistics
 from ._transport import SocketTransport
 
 __all__ = ["Loop"]
-
-logger = logging.getLogger("asyncio")
 
 _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -142,13 +140,15 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
         *timeouts: Any,
     ) -> None:
         """Accept up to *backlog* connections for one readiness event (stock, bpo-27906)."""
+        if not timeouts:
+            timeouts = _compat.DEFAULT_SSL_TIMEOUTS
         stats = self._stats
         for _ in range(backlog):
             stats.accept += 1
             try:
                 conn, addr = sock.accept()
                 if self._debug:
-                    logger.debug("%r got a new connection from %r: %r", server, addr, conn)
+                    base_events.logger.debug("%r got a new connection from %r: %r", server, addr, conn)
                 conn.setblocking(False)
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 # The accept queue is empty.
@@ -277,7 +277,8 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
                     handle._run()
                     dt = self.time() - t0
                     if dt >= self.slow_callback_duration:
-                        logger.warning(
+                        # Looked up per call: tests patch base_events.logger.
+                        base_events.logger.warning(
                             "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
                         )
                 finally:

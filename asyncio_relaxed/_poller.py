@@ -264,9 +264,11 @@ class Poller(selectors.BaseSelector):
         self._keys: dict[int, SelectorKey] = {}
         self._applied: dict[int, int] = {}  # fd -> mask the kernel holds
         self._dirty: set[int] = set()  # fds whose wanted mask may differ
-        # Keys unregistered since the last flush while the kernel still held
-        # them: consulted when the same fd is registered again (edge 1).
-        self._removed: dict[int, SelectorKey] = {}
+        # File objects unregistered since the last flush while the kernel
+        # still held them: consulted when the fd is registered again (edge 1).
+        # Only the file object is kept, not the key: its data (the loop's
+        # handles) must not outlive the unregister.
+        self._removed: dict[int, Any] = {}
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
         self._map = _Mapping(self)
         self._closed = False
@@ -315,7 +317,7 @@ class Poller(selectors.BaseSelector):
         key = SelectorKey(fileobj, fd, events, data)
         old = self._removed.pop(fd, None)
         self._keys[fd] = key
-        if old is not None and _same_open_file(old.fileobj, fileobj, fd):
+        if old is not None and _same_open_file(old, fileobj, fd):
             # Safe to defer: the kernel still holds this very open file.
             self._dirty.add(fd)
             return key
@@ -351,7 +353,7 @@ class Poller(selectors.BaseSelector):
             self._always_ready.discard(fd)
             self._dirty.discard(fd)
         elif self._applied.get(fd):
-            self._removed[fd] = key
+            self._removed[fd] = key.fileobj
             self._dirty.add(fd)
         else:
             self._dirty.discard(fd)

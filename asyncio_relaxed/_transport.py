@@ -45,12 +45,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-import logging
 import socket
 import warnings
+from asyncio import protocols, selector_events
 from typing import TYPE_CHECKING, Any
-
-from asyncio import protocols
 
 from . import _compat
 from ._config import PartialWrite, WriteMode
@@ -59,8 +57,6 @@ if TYPE_CHECKING:
     from ._loop import Loop
 
 __all__ = ["SocketTransport"]
-
-logger = logging.getLogger("asyncio")
 
 try:
     IOV_MAX: int = max(16, __import__("os").sysconf("SC_IOV_MAX"))
@@ -215,7 +211,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # change before it next waits, so pause+resume in one callback is free.
         self._loop._remove_reader(self._sock_fd)
         if self._loop.get_debug():
-            logger.debug("%r pauses reading", self)
+            selector_events.logger.debug("%r pauses reading", self)
 
     def resume_reading(self) -> None:
         if self._closing or not self._paused:
@@ -223,7 +219,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._paused = False
         self._add_reader(self._sock, self._read_ready)
         if self._loop.get_debug():
-            logger.debug("%r resumes reading", self)
+            selector_events.logger.debug("%r resumes reading", self)
 
     def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
         if not self.is_reading():
@@ -302,7 +298,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
 
     def _read_ready__on_eof(self) -> None:
         if self._loop.get_debug():
-            logger.debug("%r received EOF", self)
+            selector_events.logger.debug("%r received EOF", self)
         try:
             keep_open = self._protocol.eof_received()
         except (SystemExit, KeyboardInterrupt):
@@ -331,7 +327,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if self._conn_lost:
             if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
-                logger.warning("socket.send() raised exception.")
+                selector_events.logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
             return
         if type(data) is memoryview and (data.ndim != 1 or data.format != "B"):
@@ -383,7 +379,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if self._conn_lost:
             if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
-                logger.warning("socket.send() raised exception.")
+                selector_events.logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
             return
         self._stats.writes += 1
@@ -576,7 +572,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # Should be called from an exception handler only.
         if isinstance(exc, OSError):
             if self._loop.get_debug():
-                logger.debug("%r: %s", self, message, exc_info=True)
+                selector_events.logger.debug("%r: %s", self, message, exc_info=True)
         else:
             self._loop.call_exception_handler(
                 {

@@ -1,0 +1,137 @@
+"""Run one CPython ``test.test_asyncio`` module, optionally on ``asyncio_relaxed.Loop``.
+
+    python tests/conformance/swap.py test_events --mode relaxed   # or: -m tests.conformance.swap
+    python tests/conformance/swap.py test_tasks --mode stock --tests ID [ID ...]
+
+In relaxed mode every route the suite uses to build a selector loop is pointed at a
+counting subclass of ``asyncio_relaxed.Loop`` *before* the test module is imported
+(test modules subclass ``asyncio.SelectorEventLoop`` at import time).  The write mode
+is whatever ``ASYNCIO_RELAXED_WRITE`` says; the loop reads it itself.
+The last stdout line starting with ``MARKER`` is a JSON summary for runner.py.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import json
+import os
+import platform
+import sys
+import unittest
+
+MARKER = "CONFORMANCE_RESULT "
+loops_created = 0
+write_seen: set[str] = set()  # write modes the created loops report, proves the env var landed
+
+
+def install_swap() -> type:
+    """Point asyncio's selector-loop entry points at a counting asyncio_relaxed.Loop."""
+    import asyncio.selector_events
+    import asyncio.unix_events as ue
+
+    from asyncio_relaxed import Loop  # imported before patching: Loop's base is the real class
+
+    class CountingLoop(Loop):  # a class, not a function: _loop_factory is read via the instance
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            global loops_created
+            loops_created += 1
+            super().__init__(*args, **kwargs)
+            mode = getattr(getattr(self, "config", None), "write", None)
+            if mode is not None:
+                write_seen.add(str(getattr(mode, "value", mode)))
+
+    for mod in (asyncio, ue):
+        mod.SelectorEventLoop = CountingLoop
+        if hasattr(mod, "EventLoop"):  # 3.13+; test_runners passes loop_factory=asyncio.EventLoop
+            mod.EventLoop = CountingLoop
+    # new_event_loop(), asyncio.run(), Runner and IsolatedAsyncioTestCase all go through the
+    # default policy's class attribute; it is the same class object on 3.10-3.13.
+    policies = {getattr(ue, "_UnixDefaultEventLoopPolicy", None),
+                getattr(asyncio, "DefaultEventLoopPolicy", None)}
+    for policy in filter(None, policies):
+        policy._loop_factory = CountingLoop
+
+    # Prove the swap took before running anything; don't count these probe loops.
+    global loops_created
+    for probe in (asyncio.new_event_loop(), asyncio.SelectorEventLoop()):
+        ok = isinstance(probe, CountingLoop) and isinstance(
+            probe, asyncio.selector_events.BaseSelectorEventLoop)
+        probe.close()
+        if not ok:
+            raise RuntimeError(f"swap did not take: got {type(probe)!r}")
+    loops_created = 0
+    write_seen.clear()
+    return CountingLoop
+
+
+def test_name(test: unittest.TestCase) -> str:
+    # Subtest failures are reported against their parent so names stay loadable for reruns.
+    return getattr(test, "test_case", test).id()
+
+
+class CountingResult(unittest.TextTestResult):
+    """Counts passes directly: 3.12+ no longer includes decorator skips in testsRun."""
+
+    passed = 0
+
+    def addSuccess(self, test: unittest.TestCase) -> None:
+        super().addSuccess(test)
+        self.passed += 1
+
+    def addExpectedFailure(self, test: unittest.TestCase, err: object) -> None:
+        super().addExpectedFailure(test, err)
+        self.passed += 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("module", help="e.g. test_events (package test.test_asyncio is implied)")
+    ap.add_argument("--mode", choices=("stock", "relaxed"), default="stock")
+    ap.add_argument("--tests", nargs="*", help="full test ids to run instead of the module")
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="dump tracebacks and exit after this many seconds (hang diagnosis)")
+    args = ap.parse_args()
+    if args.timeout > 0:
+        faulthandler.dump_traceback_later(args.timeout, exit=True)
+
+    summary: dict[str, object] = {
+        "module": args.module, "python": platform.python_version(), "mode": args.mode,
+        "write_mode": os.environ.get("ASYNCIO_RELAXED_WRITE") if args.mode == "relaxed" else None,
+        "loops_created": None, "error": None,
+    }
+    if args.mode == "relaxed":
+        try:
+            install_swap()
+        except Exception as exc:  # report, don't traceback: runner shows this string
+            summary["error"] = f"swap failed: {exc!r}"
+            print(MARKER + json.dumps(summary), flush=True)
+            return 2
+
+    name = f"test.test_asyncio.{args.module}"
+    loader = unittest.TestLoader()
+    suite = loader.loadTestsFromNames(args.tests) if args.tests else loader.loadTestsFromName(name)
+    # verbosity 2 on stderr: the last "... " line in the log names a hung test.
+    runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=2, resultclass=CountingResult)
+    result = runner.run(suite)
+
+    bad = sorted({test_name(t) for t, _ in result.failures + result.errors}
+                 | {test_name(t) for t in result.unexpectedSuccesses})
+    skipped = sorted(test_name(t) for t, _ in result.skipped)
+    summary.update(
+        run=result.testsRun, failures=len(result.failures), errors=len(result.errors),
+        skipped=len(result.skipped), expected_failures=len(result.expectedFailures),
+        unexpected_successes=len(result.unexpectedSuccesses),
+        passed=result.passed,
+        bad=bad, skipped_names=skipped,
+    )
+    if args.mode == "relaxed":
+        summary["loops_created"] = loops_created
+        summary["write_seen"] = sorted(write_seen)
+    sys.stderr.flush()
+    print(MARKER + json.dumps(summary), flush=True)
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""Transport behaviour, written once and run on every loop (see conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from conftest import run, stalled_pair
+
+
+class Recorder(asyncio.Protocol):
+    """Collects what the transport tells its protocol."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.data = bytearray()
+        self.calls: list[str] = []
+        self.lost: asyncio.Future[BaseException | None] = (
+            asyncio.get_event_loop().create_future()
+        )
+        self.got_data = asyncio.Event()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.calls.append("connection_made")
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        self.got_data.set()
+
+    def eof_received(self) -> bool | None:
+        self.calls.append("eof_received")
+        return None
+
+    def pause_writing(self) -> None:
+        self.calls.append("pause_writing")
+
+    def resume_writing(self) -> None:
+        self.calls.append("resume_writing")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.calls.append("connection_lost")
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+async def drain_socket(sock: socket.socket, nbytes: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    out = bytearray()
+    while len(out) < nbytes:
+        chunk = await loop.sock_recv(sock, 1 << 20)
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+async def read_to_eof(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    out = bytearray()
+    while chunk := await loop.sock_recv(sock, 1 << 20):
+        out += chunk
+    return bytes(out)
+
+
+async def attach(sock: socket.socket, protocol: asyncio.BaseProtocol) -> Any:
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
+    return transport
+
+
+@pytest.mark.parametrize("size", [1024, 10 * 1024, 100 * 1024])
+def test_tcp_echo_protocol(loop: asyncio.AbstractEventLoop, size: int) -> None:
+    async def main() -> None:
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        payload = bytes(range(256)) * (size // 256)
+        for _ in range(20):
+            writer.write(payload)
+            await writer.drain()
+            assert await reader.readexactly(len(payload)) == payload
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
+def test_buffered_protocol_gets_recv_into(loop: asyncio.AbstractEventLoop) -> None:
+    class Buffered(asyncio.BufferedProtocol):
+        def __init__(self) -> None:
+            self.buf = bytearray(100)
+            self.received = bytearray()
+            self.done = loop.create_future()
+
+        def get_buffer(self, sizehint: int) -> bytearray:
+            return self.buf
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.received += self.buf[:nbytes]
+
+        def eof_received(self) -> None:
+            self.done.set_result(bytes(self.received))
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            pass
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        proto = Buffered()
+        transport = await attach(a, proto)
+        payload = b"0123456789" * 1000
+        b.sendall(payload)
+        b.shutdown(socket.SHUT_WR)
+        assert await proto.done == payload
+        transport.close()
+        b.close()
+
+    run(loop, main())
+
+
+def test_streams_echo_unix(loop: asyncio.AbstractEventLoop, tmp_path: Any) -> None:
+    path = str(tmp_path / "echo.sock")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            writer.write(line)
+            await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    async def main() -> None:
+        server = await asyncio.start_unix_server(handle, path)
+        reader, writer = await asyncio.open_unix_connection(path)
+        for i in range(50):
+            writer.write(b"line %d\n" % i)
+            assert await reader.readline() == b"line %d\n" % i
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
+def test_close_delivers_everything_buffered(loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> None:
+        a, b = stalled_pair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        payload = b"x" * (3 * 1024 * 1024 + 17)
+        transport.write(payload)
+        transport.close()
+        assert transport.is_closing()
+        received = await read_to_eof(b)
+        assert len(received) == len(payload)
+        assert await proto.lost is None
+        b.close()
+
+    run(loop, main())
+
+
+def test_abort_drops_buffer(loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> None:
+        a, b = stalled_pair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        transport.write(b"x" * (4 * 1024 * 1024))
+        transport.abort()
+        assert await proto.lost is None
+        assert proto.calls.count("connection_lost") == 1
+        received = await read_to_eof(b)
+        assert len(received) < 4 * 1024 * 1024
+        b.close()
+
+    run(loop, main())
+
+
+def test_flow_control_pause_and_resume(loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> None:
+        a, b = stalled_pair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        transport.set_write_buffer_limits(high=64 * 1024, low=16 * 1024)
+        chunk = b"y" * 8192
+        written = 0
+        while "pause_writing" not in proto.calls:
+            transport.write(chunk)
+            written += len(chunk)
+            assert written < 16 * 1024 * 1024, "pause_writing never came"
+            await asyncio.sleep(0)
+        assert transport.get_write_buffer_size() > 0
+        received = await drain_socket(b, written)
+        assert len(received) == written
+        while "resume_writing" not in proto.calls:
+            await asyncio.sleep(0)
+        assert proto.calls.count("pause_writing") == 1
+        transport.close()
+        await proto.lost
+        b.close()
+
+    run(loop, main())
+
+
+def test_writelines_applies_flow_control(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
+    if loop_name == "asyncio" and (3, 12, 0) <= sys.version_info[:3] <= (3, 12, 8):
+        pytest.xfail("stock 3.12.0-3.12.8 writelines skips flow control (gh-127655)")
+
+    async def main() -> None:
+        a, b = stalled_pair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        transport.set_write_buffer_limits(high=64 * 1024)
+        chunks = [b"z" * 4096] * 256  # 1 MiB, far past the high-water mark
+        transport.writelines(chunks)
+        assert "pause_writing" in proto.calls
+        received = await drain_socket(b, 1024 * 1024)
+        assert received == b"".join(chunks)
+        transport.close()
+        await proto.lost
+        b.close()
+
+    run(loop, main())
+
+
+def test_write_eof_half_close(loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        proto = Recorder()
+        transport = await attach(a, proto)
+        assert transport.can_write_eof()
+        transport.write(b"request")
+        transport.write_eof()
+        with pytest.raises(RuntimeError, match=r"write\(\) after write_eof"):
+            transport.write(b"more")
+        assert await read_to_eof(b) == b"request"
+        # The other direction still works after our EOF.
+        await asyncio.get_running_loop().sock_sendall(b, b"reply")
+        await asyncio.wait_for(proto.got_data.wait(), 5)
+        assert bytes(proto.data) == b"reply"
+        transport.close()
+        await proto.lost
+        b.close()
+
+    run(loop, main())
+
+
+def test_peer_reset_reports_once(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
+    async def main() -> None:
+        a, b = stalled_pair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        transport.write(b"x" * (1024 * 1024))
+        b.close()  # unread data pending: the kernel answers with a reset
+        exc = await proto.lost
+        assert isinstance(exc, OSError)
+        assert proto.calls.count("connection_lost") == 1
+        if loop_name != "uvloop":  # uvloop raises RuntimeError here instead
+            transport.write(b"after")  # dropped silently, as stock does
+        transport.close()
+
+    run(loop, main())
+
+
+def test_write_type_errors_match_stock(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
+    # uvloop raises TypeError with its own text.
+    text = "" if loop_name == "uvloop" else "data argument must be a bytes-like object, not 'str'"
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        with pytest.raises(TypeError, match=text):
+            transport.write("text")
+        transport.close()
+        await proto.lost
+        b.close()
+
+    run(loop, main())
+
+
+def test_writes_before_the_loop_runs_go_out(loop: asyncio.AbstractEventLoop) -> None:
+    a, b = socket.socketpair()
+    proto = Recorder()
+    transport = run(loop, attach(a, proto))
+    # The loop is not running now.
+    transport.write(b"hello ")
+    transport.write(b"world")
+    assert run(loop, drain_socket(b, 11)) == b"hello world"
+    transport.close()
+    run(loop, proto.lost)
+    b.close()
+
+
+def test_write_then_stop_then_blocking_recv(loop: asyncio.AbstractEventLoop) -> None:
+    """uvloop #631: a write made just before the loop stops must not wait."""
+    a, b = socket.socketpair()
+    proto = Recorder()
+    transport = run(loop, attach(a, proto))
+
+    async def write_and_return() -> None:
+        transport.write(b"ping")
+
+    run(loop, write_and_return())
+    b.settimeout(5)
+    assert b.recv(100) == b"ping"
+    transport.close()
+    run(loop, proto.lost)
+    b.close()
+
+
+def test_call_soon_threadsafe_write_goes_out(loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        proto = Recorder()
+        transport = await attach(a, proto)
+        thread = threading.Thread(
+            target=lambda: loop.call_soon_threadsafe(transport.write, b"from thread")
+        )
+        thread.start()
+        assert await drain_socket(b, 11) == b"from thread"
+        thread.join()
+        transport.close()
+        await proto.lost
+        b.close()
+
+    run(loop, main())
+
+
+def test_pause_resume_reading_flags(loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        assert transport.is_reading()
+        transport.pause_reading()
+        assert not transport.is_reading()
+        b.send(b"queued while paused")
+        await asyncio.sleep(0.05)
+        assert proto.data == b""
+        transport.resume_reading()
+        assert transport.is_reading()
+        await asyncio.wait_for(proto.got_data.wait(), 5)
+        assert bytes(proto.data) == b"queued while paused"
+        transport.close()
+        assert not transport.is_reading()
+        await proto.lost
+        b.close()
+
+    run(loop, main())
