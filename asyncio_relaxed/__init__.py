@@ -55,11 +55,11 @@ def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None, **options: 
         return Loop(**options)
 
     if sys.version_info >= (3, 12):
-        return asyncio.run(main, debug=debug, loop_factory=factory)
+        return asyncio.run(main, debug=debug, loop_factory=factory)  # type: ignore[no-any-return]
     if sys.version_info >= (3, 11):
         with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
-            return runner.run(main)
-    return _run_310(main, debug, factory)
+            return runner.run(main)  # type: ignore[no-any-return]
+    return _run_310(main, debug, factory)  # type: ignore[no-any-return]
 
 
 def _run_310(main: Any, debug: bool | None, factory: Any) -> Any:

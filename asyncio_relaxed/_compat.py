@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import sys
-from asyncio import base_events, constants, futures, sslproto, transports, trsock
+from asyncio import base_events, constants, futures, selector_events, sslproto, transports, trsock
 from typing import Any
 
 __all__ = [
     "ACCEPT_RETRY_DELAY",
     "DEFAULT_SSL_TIMEOUTS",
-    "FlowControlMixin",
     "LOG_THRESHOLD_FOR_CONNLOST_WRITES",
     "MAXIMUM_SELECT_TIMEOUT",
     "MIN_CANCELLED_TIMER_HANDLES_FRACTION",
@@ -24,52 +24,76 @@ __all__ = [
     "PY312",
     "PY314",
     "SENDFILE_TRY_NATIVE",
+    "FlowControlMixin",
     "SSLProtocol",
+    "SelectorEventLoop",
     "TransportSocket",
     "base_default_policy",
     "cancel_all_tasks",
     "format_handle",
+    "loop_logger",
     "server_attach",
     "server_detach",
     "set_nodelay",
     "set_result_unless_cancelled",
+    "transport_logger",
 ]
+
+# The modules as Any: typeshed leaves out the private names used below.
+_base_events: Any = base_events
+_constants: Any = constants
+_futures: Any = futures
+_selector_events: Any = selector_events
 
 PY312 = sys.version_info >= (3, 12)
 PY314 = sys.version_info >= (3, 14)
 
+# Typed as Any: typeshed does not declare the private attributes the loop
+# overrides and reads (_ready, _scheduled, _selector, _process_events, ...).
+SelectorEventLoop: Any = asyncio.SelectorEventLoop
+
 # Base of every selector transport: pause_writing/resume_writing bookkeeping
 # (_protocol_paused, _high_water, _low_water, _maybe_pause_protocol, ...).
-# base_events._SendfileFallbackProtocol reads transp._protocol_paused.
+# _base_events._SendfileFallbackProtocol reads transp._protocol_paused.
 FlowControlMixin: Any = transports._FlowControlMixin
 
 TransportSocket: Any = trsock.TransportSocket
 SSLProtocol: Any = sslproto.SSLProtocol
-SENDFILE_TRY_NATIVE: Any = constants._SendfileMode.TRY_NATIVE
-LOG_THRESHOLD_FOR_CONNLOST_WRITES: int = constants.LOG_THRESHOLD_FOR_CONNLOST_WRITES
-ACCEPT_RETRY_DELAY: float = constants.ACCEPT_RETRY_DELAY
+SENDFILE_TRY_NATIVE: Any = _constants._SendfileMode.TRY_NATIVE
+LOG_THRESHOLD_FOR_CONNLOST_WRITES: int = _constants.LOG_THRESHOLD_FOR_CONNLOST_WRITES
+ACCEPT_RETRY_DELAY: float = _constants.ACCEPT_RETRY_DELAY
 
 # The timer-heap housekeeping constants of BaseEventLoop._run_once.
-MAXIMUM_SELECT_TIMEOUT: float = base_events.MAXIMUM_SELECT_TIMEOUT
-MIN_SCHEDULED_TIMER_HANDLES: int = base_events._MIN_SCHEDULED_TIMER_HANDLES
+MAXIMUM_SELECT_TIMEOUT: float = _base_events.MAXIMUM_SELECT_TIMEOUT
+MIN_SCHEDULED_TIMER_HANDLES: int = _base_events._MIN_SCHEDULED_TIMER_HANDLES
 MIN_CANCELLED_TIMER_HANDLES_FRACTION: float = (
-    base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
+    _base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 )
 
 # ssl_handshake_timeout, and ssl_shutdown_timeout from 3.11: the trailing
 # positional arguments of _start_serving/_accept_connection/_accept_connection2.
-DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (constants.SSL_HANDSHAKE_TIMEOUT,) + (
-    (constants.SSL_SHUTDOWN_TIMEOUT,) if sys.version_info >= (3, 11) else ()
+DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (_constants.SSL_HANDSHAKE_TIMEOUT,) + (
+    (_constants.SSL_SHUTDOWN_TIMEOUT,) if sys.version_info >= (3, 11) else ()
 )
 
-format_handle: Any = base_events._format_handle
-set_nodelay: Any = base_events._set_nodelay
-set_result_unless_cancelled: Any = futures._set_result_unless_cancelled
+format_handle: Any = _base_events._format_handle
+set_nodelay: Any = _base_events._set_nodelay
+set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 
 # Server._attach/_detach take the transport since 3.13 (Server.close_clients).
 _ATTACH_TAKES_TRANSPORT = (
-    len(inspect.signature(base_events.Server._attach).parameters) == 2
+    len(inspect.signature(_base_events.Server._attach).parameters) == 2
 )
+
+
+def loop_logger() -> logging.Logger:
+    """asyncio's logger as base_events sees it now (tests patch it there)."""
+    return _base_events.logger  # type: ignore[no-any-return]
+
+
+def transport_logger() -> logging.Logger:
+    """asyncio's logger as selector_events sees it now (tests patch it there)."""
+    return _selector_events.logger  # type: ignore[no-any-return]
 
 
 def server_attach(server: Any, transport: Any) -> None:
@@ -106,5 +130,5 @@ def base_default_policy() -> Any:
             return windows_events._DefaultEventLoopPolicy  # type: ignore[attr-defined]
         from asyncio import unix_events
 
-        return unix_events._UnixDefaultEventLoopPolicy  # type: ignore[attr-defined]
+        return unix_events._UnixDefaultEventLoopPolicy
     return asyncio.DefaultEventLoopPolicy

@@ -21,12 +21,10 @@ slow-callback warning.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import heapq
 import selectors
 import socket
-from asyncio import base_events
 from typing import Any
 
 from . import _compat
@@ -40,7 +38,7 @@ __all__ = ["Loop"]
 _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     """A drop-in asyncio event loop; see the package docs for the options.
 
     *selector* may be a :class:`~asyncio_relaxed._poller.Poller` or any stdlib
@@ -48,6 +46,13 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
     Keyword *options* are the fields of :class:`~asyncio_relaxed.Config`; each
     beats its ``ASYNCIO_RELAXED_*`` environment variable.
     """
+
+    # Read by BaseEventLoop.__del__: true until the base __init__ has run, so
+    # a loop whose settings were rejected is not reported as unclosed.
+    _closed = True
+    # Set by BaseEventLoop.__init__; declared for the type checker.
+    _scheduled: list[Any]
+    _timer_cancelled_count: int
 
     def __init__(self, selector: selectors.BaseSelector | None = None, **options: Any) -> None:
         # Resolve the settings first: a bad value fails before any fd exists.
@@ -148,7 +153,9 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
             try:
                 conn, addr = sock.accept()
                 if self._debug:
-                    base_events.logger.debug("%r got a new connection from %r: %r", server, addr, conn)
+                    _compat.loop_logger().debug(
+                        "%r got a new connection from %r: %r", server, addr, conn
+                    )
                 conn.setblocking(False)
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 # The accept queue is empty.
@@ -232,7 +239,7 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
         if self._write_queue:
             self._flush_writes(include_feeds=False)
 
-        timeout = None
+        timeout: float | None = None
         if self._ready or self._stopping or self._feed_queue:
             timeout = 0
         elif scheduled:
@@ -277,8 +284,8 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
                     handle._run()
                     dt = self.time() - t0
                     if dt >= self.slow_callback_duration:
-                        # Looked up per call: tests patch base_events.logger.
-                        base_events.logger.warning(
+                        # Looked up per call: tests patch _compat.loop_logger().
+                        _compat.loop_logger().warning(
                             "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
                         )
                 finally:

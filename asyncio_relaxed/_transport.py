@@ -47,7 +47,7 @@ import collections
 import itertools
 import socket
 import warnings
-from asyncio import protocols, selector_events
+from asyncio import protocols
 from typing import TYPE_CHECKING, Any
 
 from . import _compat
@@ -70,28 +70,30 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     """A stream transport over a non-blocking socket (TCP or Unix)."""
 
     __slots__ = (
-        "_sock",
-        "_sock_fd",
-        "_protocol",
-        "_protocol_connected",
-        "_server",
+        "__weakref__",
         "_buffer",
         "_buffer_size",
-        "_conn_lost",
         "_closing",
-        "_paused",
-        "_eof",
-        "_empty_waiter",
-        "_read_ready_cb",
-        "_queued",
-        "_sending",
-        "_polling_write",
-        "_feeds",
-        "_stats",
+        "_conn_lost",
         "_deferred",
+        "_empty_waiter",
+        "_eof",
         "_feed_policy",
-        "__weakref__",
+        "_feeds",
+        "_paused",
+        "_polling_write",
+        "_protocol",
+        "_protocol_connected",
+        "_queued",
+        "_read_ready_cb",
+        "_sending",
+        "_server",
+        "_sock",
+        "_sock_fd",
+        "_stats",
     )
+
+    _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
 
     # Read by base_events.start_tls and base_events.sendfile.
     _start_tls_compatible = True
@@ -211,7 +213,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # change before it next waits, so pause+resume in one callback is free.
         self._loop._remove_reader(self._sock_fd)
         if self._loop.get_debug():
-            selector_events.logger.debug("%r pauses reading", self)
+            _compat.transport_logger().debug("%r pauses reading", self)
 
     def resume_reading(self) -> None:
         if self._closing or not self._paused:
@@ -219,7 +221,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._paused = False
         self._add_reader(self._sock, self._read_ready)
         if self._loop.get_debug():
-            selector_events.logger.debug("%r resumes reading", self)
+            _compat.transport_logger().debug("%r resumes reading", self)
 
     def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
         if not self.is_reading():
@@ -298,7 +300,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
 
     def _read_ready__on_eof(self) -> None:
         if self._loop.get_debug():
-            selector_events.logger.debug("%r received EOF", self)
+            _compat.transport_logger().debug("%r received EOF", self)
         try:
             keep_open = self._protocol.eof_received()
         except (SystemExit, KeyboardInterrupt):
@@ -327,7 +329,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if self._conn_lost:
             if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
-                selector_events.logger.warning("socket.send() raised exception.")
+                _compat.transport_logger().warning("socket.send() raised exception.")
             self._conn_lost += 1
             return
         if type(data) is memoryview and (data.ndim != 1 or data.format != "B"):
@@ -379,7 +381,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if self._conn_lost:
             if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
-                selector_events.logger.warning("socket.send() raised exception.")
+                _compat.transport_logger().warning("socket.send() raised exception.")
             self._conn_lost += 1
             return
         self._stats.writes += 1
@@ -572,7 +574,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # Should be called from an exception handler only.
         if isinstance(exc, OSError):
             if self._loop.get_debug():
-                selector_events.logger.debug("%r: %s", self, message, exc_info=True)
+                _compat.transport_logger().debug("%r: %s", self, message, exc_info=True)
         else:
             self._loop.call_exception_handler(
                 {

@@ -106,7 +106,9 @@ def relaxed_loop(
     loop_errors.check()
 
 
-def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float = 20) -> Any:
+def run(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float = 20
+) -> Any:
     """Run *coro* on *loop* with a deadline, so a hang fails instead of blocking."""
     return loop.run_until_complete(asyncio.wait_for(coro, timeout))
 

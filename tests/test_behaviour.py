@@ -280,7 +280,7 @@ def test_peer_reset_reports_once(loop: asyncio.AbstractEventLoop, loop_name: str
 
 def test_write_type_errors_match_stock(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
     # uvloop raises TypeError with its own text.
-    text = "" if loop_name == "uvloop" else "data argument must be a bytes-like object, not 'str'"
+    text = None if loop_name == "uvloop" else "data argument must be a bytes-like object, not 'str'"
 
     async def main() -> None:
         a, b = socket.socketpair()

@@ -12,7 +12,6 @@ The last stdout line starting with ``MARKER`` is a JSON summary for runner.py.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import faulthandler
 import json
 import os

@@ -1,0 +1,233 @@
+"""Exact system-call and callback counts, from loop.statistics().
+
+These are the deterministic half of the performance claims: the benchmarks
+show what the counts are worth in time, these tests pin the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+import asyncio_relaxed
+from conftest import iterate, run, stalled_pair
+
+
+class Sink(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.lost: list[BaseException | None] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost.append(exc)
+
+
+def attach(loop: asyncio_relaxed.Loop, sock: socket.socket, proto: Any = None) -> Any:
+    proto = proto if proto is not None else Sink()
+    transport, _ = run(loop, loop.connect_accepted_socket(lambda: proto, sock))
+    iterate(loop, 2)  # connection_made and the reader registration have run
+    return transport
+
+
+def drain_between_iterations(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    """Read *n* bytes from non-blocking *sock*, running the loop while it waits."""
+    out = bytearray()
+    for _ in range(100_000):
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            iterate(loop, 1)
+            continue
+        assert chunk, "unexpected EOF"
+        out += chunk
+        if len(out) >= n:
+            return bytes(out)
+    raise AssertionError(f"only {len(out)} of {n} bytes arrived")
+
+
+def test_pause_resume_in_one_callback_costs_no_epoll_ctl(
+    relaxed_loop: asyncio_relaxed.Loop,
+) -> None:
+    a, b = socket.socketpair()
+    transport = attach(relaxed_loop, a)
+    before = relaxed_loop.statistics()
+
+    def dance() -> None:
+        transport.pause_reading()
+        transport.resume_reading()
+
+    relaxed_loop.call_soon(dance)
+    iterate(relaxed_loop, 3)
+    delta = relaxed_loop.statistics() - before
+    assert delta.epoll_ctl == 0
+    # And the reader still works.
+    b.send(b"still reading")
+    iterate(relaxed_loop, 2)
+    assert transport.get_protocol().data == b"still reading"
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_pause_then_resume_later_costs_one_del_and_one_add(
+    relaxed_loop: asyncio_relaxed.Loop,
+) -> None:
+    """Across iterations the kernel must be told: the fd is really not wanted."""
+    a, b = socket.socketpair()
+    transport = attach(relaxed_loop, a)
+    before = relaxed_loop.statistics()
+    transport.pause_reading()
+    iterate(relaxed_loop, 2)
+    transport.resume_reading()
+    iterate(relaxed_loop, 2)
+    delta = relaxed_loop.statistics() - before
+    assert (delta.epoll_ctl_del, delta.epoll_ctl_add, delta.epoll_ctl_mod) == (1, 1, 0)
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_three_writes_in_one_callback(relaxed_loop: asyncio_relaxed.Loop) -> None:
+    """deferred: one sendmsg for all three; eager: three sends."""
+    a, b = socket.socketpair()
+    transport = attach(relaxed_loop, a)
+    before = relaxed_loop.statistics()
+
+    def three_writes() -> None:
+        transport.write(b"one ")
+        transport.write(b"two ")
+        transport.write(b"three")
+
+    relaxed_loop.call_soon(three_writes)
+    iterate(relaxed_loop, 1)
+    delta = relaxed_loop.statistics() - before
+    assert b.recv(100) == b"one two three"
+    if relaxed_loop.config.write is asyncio_relaxed.WriteMode.DEFERRED:
+        assert (delta.sendmsg, delta.send) == (1, 0)
+        assert (delta.writes_deferred, delta.writes_coalesced) == (1, 3)
+    else:
+        assert (delta.sendmsg, delta.send) == (0, 3)
+        assert delta.writes_deferred == 0
+    assert delta.writes == 3
+    assert delta.epoll_ctl == 0
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_short_write_policy(relaxed_loop: asyncio_relaxed.Loop) -> None:
+    """poll waits for EPOLLOUT at once; feed retries feed_limit times first."""
+    a, b = stalled_pair()
+    transport = attach(relaxed_loop, a)
+    before = relaxed_loop.statistics()
+    payload = b"p" * (2 * 1024 * 1024)  # far more than the socket buffers hold
+    relaxed_loop.call_soon(transport.write, payload)
+    limit = relaxed_loop.config.feed_limit
+    iterate(relaxed_loop, limit + 3)
+    delta = relaxed_loop.statistics() - before
+    assert delta.partial_writes >= 1
+    if relaxed_loop.config.partial_write is asyncio_relaxed.PartialWrite.FEED:
+        assert delta.write_feeds == limit
+    else:
+        assert delta.write_feeds == 0
+    # Either way the transport ends up waiting for EPOLLOUT: one MOD adds it.
+    assert (delta.epoll_ctl_mod, delta.epoll_ctl_add, delta.epoll_ctl_del) == (1, 0, 0)
+    assert transport.get_write_buffer_size() > 0
+
+    # Read outside the loop: loop.sock_recv would add its own epoll_ctl.
+    assert drain_between_iterations(relaxed_loop, b, len(payload)) == payload
+    iterate(relaxed_loop, 2)
+    assert transport.get_write_buffer_size() == 0
+    # Drained: the writer was removed again (a second MOD), nothing else.
+    delta = relaxed_loop.statistics() - before
+    assert (delta.epoll_ctl_mod, delta.epoll_ctl_add, delta.epoll_ctl_del) == (2, 0, 0)
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_one_recv_per_readiness_event(relaxed_loop: asyncio_relaxed.Loop) -> None:
+    a, b = socket.socketpair()
+    transport = attach(relaxed_loop, a)
+    before = relaxed_loop.statistics()
+    b.send(b"x" * 1000)
+    iterate(relaxed_loop, 1)
+    delta = relaxed_loop.statistics() - before
+    assert (delta.recv, delta.recv_eagain) == (1, 0)
+    assert delta.events == 1
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_mutable_buffers_are_copied(relaxed_loop: asyncio_relaxed.Loop) -> None:
+    a, b = stalled_pair()
+    transport = attach(relaxed_loop, a)
+    big = bytearray(b"a" * (1024 * 1024))
+    view_source = bytearray(b"b" * 1000)
+    transport.write(big)
+    transport.write(memoryview(view_source))
+    transport.writelines([bytearray(b"c" * 10)])
+    big[:] = b"X" * len(big)
+    view_source[:] = b"Y" * 1000
+
+    data = drain_between_iterations(relaxed_loop, b, len(big) + 1010)
+    assert data == b"a" * len(big) + b"b" * 1000 + b"c" * 10
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_high_water_write_is_sent_at_once_in_deferred_mode() -> None:
+    loop = asyncio_relaxed.new_event_loop(write="deferred")
+    try:
+        a, b = socket.socketpair()
+        transport = attach(loop, a)
+        transport.set_write_buffer_limits(high=1024)
+        before = loop.statistics()
+        transport.write(b"s" * 100)  # below the mark: queued
+        assert (loop.statistics() - before).send == 0
+        transport.write(b"t" * 2000)  # past the mark: sent now, coalesced
+        delta = loop.statistics() - before
+        assert delta.sendmsg == 1
+        assert transport.get_write_buffer_size() == 0
+        assert b.recv(4096) == b"s" * 100 + b"t" * 2000
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
+def test_writes_queued_when_the_loop_closes_are_sent() -> None:
+    loop = asyncio_relaxed.new_event_loop(write="deferred")
+    a, b = socket.socketpair()
+    transport = attach(loop, a)
+    transport.write(b"last words")
+    transport.close()
+    loop.close()
+    assert b.recv(100) == b"last words"
+    b.close()
+
+
+@pytest.mark.parametrize("write", ["eager", "deferred"])
+def test_statistics_snapshot_is_frozen(write: str) -> None:
+    loop = asyncio_relaxed.new_event_loop(write=write)
+    try:
+        stats = loop.statistics()
+        assert stats.backend == "epoll"
+        with pytest.raises(AttributeError):
+            stats.iterations = 5  # type: ignore[misc]
+        iterate(loop, 3)
+        after = loop.statistics()
+        assert after.iterations - stats.iterations == 3
+        assert after.poll_waits - stats.poll_waits == 3
+        assert after.callbacks - stats.callbacks == 3  # the three loop.stop calls
+    finally:
+        loop.close()

@@ -1,0 +1,86 @@
+"""The folders show the architecture: bottom modules know nothing of asyncio.
+
+_config, _stats and _poller are state machines tested without sockets or a
+loop (h11 style); only _loop binds them; examples and benchmarks use the
+public namespace only.  Read with ast, so a new import that breaks the
+layering fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "asyncio_relaxed"
+
+# module -> modules of the package it may import
+ALLOWED = {
+    "_config": set(),
+    "_stats": set(),
+    "_poller": {"_stats"},
+    "_compat": set(),
+    "_transport": {"_compat", "_config", "_loop"},  # _loop for type checking only
+    "_loop": {"_compat", "_config", "_poller", "_stats", "_transport"},
+    "_policy": {"_compat", "_config", "_loop"},
+    "__init__": {"_config", "_loop", "_stats", "_policy", "_compat"},
+}
+BOTTOM = {"_config", "_stats", "_poller"}
+
+
+def imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
+    """(package modules imported, top-level external modules imported)."""
+    tree = ast.parse(path.read_text())
+    internal: set[str] = set()
+    external: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                if node.module:
+                    internal.add(node.module.split(".")[0])
+                else:
+                    internal.update(alias.name for alias in node.names)
+            elif node.module:
+                external.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            external.update(alias.name.split(".")[0] for alias in node.names)
+    return internal, external
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
+def test_package_layering(module: str) -> None:
+    internal, external = imports(PACKAGE / f"{module}.py")
+    assert internal <= ALLOWED[module], f"{module} imports {internal - ALLOWED[module]}"
+    if module in BOTTOM:
+        assert "asyncio" not in external, f"{module} must not import asyncio"
+
+
+def test_every_module_is_listed() -> None:
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert modules - {"__main__"} <= set(ALLOWED), modules - set(ALLOWED)
+
+
+def test_private_cpython_names_only_in_compat() -> None:
+    """asyncio's private modules are reached through _compat alone."""
+    private = ("_FlowControlMixin", "_SendfileMode", "_set_nodelay", "_format_handle",
+               "_set_result_unless_cancelled", "_MIN_SCHEDULED", "_cancel_all_tasks")
+    for path in PACKAGE.glob("*.py"):
+        if path.stem == "_compat":
+            continue
+        text = path.read_text()
+        found = [name for name in private if name in text]
+        assert not found, f"{path.name} uses {found}; go through _compat"
+
+
+@pytest.mark.parametrize("folder", ["examples", "benchmarks"])
+def test_examples_use_the_public_api(folder: str) -> None:
+    for path in (ROOT / folder).rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("asyncio_relaxed._"), path
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id == "asyncio_relaxed":
+                    assert not node.attr.startswith("_"), f"{path}: asyncio_relaxed.{node.attr}"
