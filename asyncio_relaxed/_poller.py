@@ -28,30 +28,32 @@ epoll's sharp edges, and what we do about each
 ----------------------------------------------
 
 1. *Registrations belong to open files, not fd numbers.*  Closing the last
-   descriptor of a file silently drops its registration; the number can then
-   be handed to a new socket within the same iteration.  If a removed fd is
-   registered again before the flush, we may skip the kernel only when we can
-   prove it is the *same open file*: the old and new key hold the very same
-   socket object and it is still open (``fileno()`` still answers the fd).
-   Otherwise (plain int fds, a different object) the registration is applied
-   at once, as ADD falling back to MOD on EEXIST, or MOD falling back to ADD on
-   ENOENT: both are correct whichever file the number now names.
-   (A socket closed behind its object's back with ``os.close`` defeats the
-   proof; asyncio's own code never does that.)
+   descriptor of a file silently drops its registration, and the number can be
+   handed to a new socket within the same iteration.  Worse, a registration
+   whose fd is closed while a duplicate of the file lives on (a fork child,
+   ``socket.dup``) can no longer be removed by number: epoll keeps reporting
+   it under a number that may by then name something else.  So a removal may
+   be deferred only while the fd is certainly open, and only an *owner* can
+   promise that: a transport calls :meth:`Poller.own` for its socket and
+   :meth:`Poller.release` right before closing it, which applies any pending
+   change while the fd is still open.  Removals of owned fds are deferred
+   (pause+resume in one iteration costs nothing); removals of any other fd go
+   to the kernel at once, as in stock asyncio.
 
 2. *New registrations are applied at once*, not at the flush: it is one
    syscall either way, and it keeps errors where stock asyncio raises them
-   (``add_reader`` on a closed fd raises OSError immediately).
+   (``add_reader`` on a closed fd raises OSError immediately).  If the number
+   was registered before, the new file may or may not be the one the kernel
+   holds, so the change goes out as MOD falling back to ADD on ENOENT, or ADD
+   falling back to MOD on EEXIST: correct whichever file the number names.
 
-3. *DEL of a closed fd* fails with EBADF or ENOENT; the kernel already dropped
-   it, so those are ignored (selectors' own ``unregister`` ignores them too).
+3. *DEL or MOD of a closed fd* fails with EBADF or ENOENT: the kernel already
+   dropped it.  Both are ignored, as selectors' ``unregister`` ignores them
+   and stock asyncio is silent when a registered fd is closed.
 
-4. *A dup'd descriptor keeps a registration alive after close* (a fork child,
-   ``socket.dup``).  If the loop removed the fd and closed it in the same
-   iteration, the deferred DEL can no longer name it, and level-triggered
-   events for a number we no longer watch would wake us forever.  When the
-   kernel reports an fd we do not know and the DEL fails, the epoll set is
-   rebuilt from the wanted masks (rare, and always correct).
+4. *Stray events*: if the kernel reports an fd we do not know (a registration
+   kept alive by a duplicate, edge 1) and it cannot be removed, the epoll set
+   is rebuilt from the wanted masks (rare, and always correct).
 
 5. *epoll refuses regular files and /dev/null with EPERM* (they are always
    ready; stock asyncio raises PermissionError from ``add_reader``).  Such fds
@@ -72,7 +74,6 @@ import errno
 import math
 import select
 import selectors
-import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -138,9 +139,9 @@ class EpollBackend:
     def remove(self, fd: int) -> None:
         self._epoll.unregister(fd)
 
-    def poll(self, timeout: float, max_events: int) -> list[tuple[int, int]]:
+    def poll(self, timeout: float | None, max_events: int) -> list[tuple[int, int]]:
         ready = []
-        for fd, kmask in self._epoll.poll(timeout, max_events):
+        for fd, kmask in self._epoll.poll(-1 if timeout is None else timeout, max_events):
             # Errors and hang-ups wake both directions, as in selectors.
             mask = 0
             if kmask & ~select.EPOLLIN:
@@ -155,11 +156,12 @@ class EpollBackend:
 
 
 class SelectorBackend:
-    """Drives any stdlib selector; ``add`` and ``modify`` both mean "set".
+    """Drives any stdlib selector through the EpollBackend interface.
 
-    The stdlib selector keeps its own fd map, so the EEXIST/ENOENT dance of
-    raw epoll is resolved here: a set on a known fd modifies it (and, for a
-    wrapped EpollSelector whose fd was closed and reused, re-registers it).
+    ``add`` means "register whatever file the number names now": an existing
+    entry is dropped first, because a wrapped EpollSelector cannot tell a
+    reused number from the old file (its ``modify`` with an unchanged mask is
+    a no-op).  ``modify`` re-registers when the stdlib selector lost the fd.
     """
 
     def __init__(self, selector: selectors.BaseSelector) -> None:
@@ -172,15 +174,18 @@ class SelectorBackend:
 
     def add(self, fd: int, mask: int) -> None:
         try:
-            self._selector.modify(fd, mask)
-        except KeyError:
-            self._selector.register(fd, mask)
-        except FileNotFoundError:
-            # epoll forgot the old file behind this number: register anew.
             self._selector.unregister(fd)
-            self._selector.register(fd, mask)
+        except KeyError:
+            pass
+        self._selector.register(fd, mask)
 
-    modify = add
+    def modify(self, fd: int, mask: int) -> None:
+        try:
+            self._selector.modify(fd, mask)
+        except (KeyError, FileNotFoundError):
+            # Unknown to the selector, or a stdlib EpollSelector whose kernel
+            # entry vanished (it drops its key before raising): register anew.
+            self._selector.register(fd, mask)
 
     def remove(self, fd: int) -> None:
         try:
@@ -188,7 +193,7 @@ class SelectorBackend:
         except KeyError:
             pass
 
-    def poll(self, timeout: float, max_events: int) -> list[tuple[int, int]]:
+    def poll(self, timeout: float | None, max_events: int) -> list[tuple[int, int]]:
         return [(key.fd, mask) for key, mask in self._selector.select(timeout)]
 
     def close(self) -> None:
@@ -210,11 +215,6 @@ def default_backend(kind: str = "auto") -> EpollBackend | SelectorBackend:
     if kind == "select":
         return SelectorBackend(selectors.SelectSelector())
     return SelectorBackend(selectors.DefaultSelector())
-
-
-def _same_open_file(old: Any, new: Any, fd: int) -> bool:
-    """True when *old* and *new* are provably the same, still open, file."""
-    return old is new and isinstance(new, socket.socket) and new.fileno() == fd
 
 
 class _Mapping(Mapping[Any, SelectorKey]):
@@ -244,8 +244,7 @@ class Poller(selectors.BaseSelector):
     *backend* is an :class:`EpollBackend` or a :class:`SelectorBackend`; a
     plain stdlib selector is wrapped.  *stats* receives the counts of kernel
     calls.  ``on_error(fd, exc)`` is told about a deferred change the kernel
-    refused (the fd was closed while still registered: a caller bug stock
-    asyncio would have raised from ``modify``).
+    refused for a reason other than the fd being closed (ENOMEM, ENOSPC).
     """
 
     def __init__(
@@ -264,11 +263,7 @@ class Poller(selectors.BaseSelector):
         self._keys: dict[int, SelectorKey] = {}
         self._applied: dict[int, int] = {}  # fd -> mask the kernel holds
         self._dirty: set[int] = set()  # fds whose wanted mask may differ
-        # File objects unregistered since the last flush while the kernel
-        # still held them: consulted when the fd is registered again (edge 1).
-        # Only the file object is kept, not the key: its data (the loop's
-        # handles) must not outlive the unregister.
-        self._removed: dict[int, Any] = {}
+        self._owned: set[int] = set()  # fds released before close (edge 1)
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
         self._map = _Mapping(self)
         self._closed = False
@@ -306,6 +301,23 @@ class Poller(selectors.BaseSelector):
         """Number of fds whose interest change has not reached the kernel."""
         return len(self._dirty)
 
+    # -- ownership (edge 1) ----------------------------------------------
+
+    def own(self, fd: int) -> None:
+        """Promise to call :meth:`release` before closing *fd*.
+
+        Until then, removing *fd*'s registration is deferred to the next
+        flush, so that a removal undone within the iteration costs nothing.
+        """
+        self._owned.add(fd)
+
+    def release(self, fd: int) -> None:
+        """*fd* is about to be closed: apply its pending change now."""
+        self._owned.discard(fd)
+        if fd in self._dirty:
+            self._dirty.discard(fd)
+            self._flush_one(fd)
+
     # -- changes --------------------------------------------------------
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
@@ -315,11 +327,10 @@ class Poller(selectors.BaseSelector):
         if fd in self._keys:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         key = SelectorKey(fileobj, fd, events, data)
-        old = self._removed.pop(fd, None)
         self._keys[fd] = key
-        if old is not None and _same_open_file(old, fileobj, fd):
-            # Safe to defer: the kernel still holds this very open file.
-            self._dirty.add(fd)
+        if fd in self._owned and fd in self._dirty:
+            # Removed earlier in this iteration, the DEL not sent yet, and the
+            # owner has not closed it: the kernel holds this very file.
             return key
         try:
             self._apply(fd, events)
@@ -352,11 +363,12 @@ class Poller(selectors.BaseSelector):
         if fd in self._always_ready:
             self._always_ready.discard(fd)
             self._dirty.discard(fd)
-        elif self._applied.get(fd):
-            self._removed[fd] = key.fileobj
-            self._dirty.add(fd)
+        elif fd in self._owned and fd in self._applied:
+            self._dirty.add(fd)  # deferred: the owner releases before closing
         else:
             self._dirty.discard(fd)
+            if fd in self._applied:
+                self._remove_now(fd)
         return key
 
     def _apply(self, fd: int, mask: int) -> None:
@@ -364,12 +376,12 @@ class Poller(selectors.BaseSelector):
         stats = self.stats
         backend = self._backend
         try:
-            if self._applied.get(fd):
+            if fd in self._applied:
                 try:
                     stats.epoll_ctl_mod += 1
                     backend.modify(fd, mask)
                 except FileNotFoundError:
-                    # The old file was closed and the number reused (edge 1).
+                    # The old file was closed and the number reused (edge 2).
                     stats.epoll_ctl_add += 1
                     backend.add(fd, mask)
             else:
@@ -390,56 +402,58 @@ class Poller(selectors.BaseSelector):
             raise
         self._applied[fd] = mask
 
+    def _remove_now(self, fd: int) -> None:
+        del self._applied[fd]
+        self.stats.epoll_ctl_del += 1
+        try:
+            self._backend.remove(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.EBADF):
+                raise
+
     def flush(self) -> None:
         """Send the net interest change of every dirty fd to the kernel."""
         dirty = self._dirty
         if not dirty:
             return
         self._dirty = set()
-        self._removed.clear()
-        keys = self._keys
-        applied = self._applied
-        stats = self.stats
         for fd in dirty:
-            key = keys.get(fd)
-            wanted = key.events if key is not None else 0
-            current = applied.get(fd, 0)
-            if wanted == current or fd in self._always_ready:
-                continue
-            if not wanted:
-                del applied[fd]
-                stats.epoll_ctl_del += 1
-                try:
-                    self._backend.remove(fd)
-                except (FileNotFoundError, OSError) as exc:
-                    if exc.errno not in (errno.ENOENT, errno.EBADF):
-                        raise
-                continue
-            try:
-                self._apply(fd, wanted)
-            except OSError as exc:
-                # The fd was closed while still registered: nothing can wait
-                # on it.  Report instead of raising into an unrelated caller.
-                if self.on_error is None:
-                    raise
-                self.on_error(fd, exc)
+            self._flush_one(fd)
+
+    def _flush_one(self, fd: int) -> None:
+        key = self._keys.get(fd)
+        wanted = key.events if key is not None else 0
+        if wanted == self._applied.get(fd, 0) or fd in self._always_ready:
+            return
+        if not wanted:
+            self._remove_now(fd)
+            return
+        try:
+            self._apply(fd, wanted)
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                return  # closed while registered: nothing to wait on (edge 3)
+            # Anything else (ENOMEM, ENOSPC from max_user_watches) is real,
+            # but must not surface in an unrelated caller: report it.
+            if self.on_error is None:
+                raise
+            self.on_error(fd, exc)
 
     # -- waiting ---------------------------------------------------------
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
-        """Apply pending changes, then wait at most *timeout* seconds."""
+        """Apply pending changes, then wait at most *timeout* seconds (None: block)."""
         if self._dirty:
             self.flush()
         if self._always_ready:
             timeout = 0
-        if timeout is None:
-            timeout = -1
-        elif timeout <= 0:
-            timeout = 0
-        else:
-            # epoll_wait has millisecond resolution: round up so that a timer
-            # due in 0.3 ms does not turn into a busy loop of zero waits.
-            timeout = math.ceil(timeout * 1e3) * 1e-3
+        if timeout is not None:
+            if timeout <= 0:
+                timeout = 0
+            else:
+                # epoll_wait has millisecond resolution: round up so that a
+                # timer due in 0.3 ms does not become a busy loop of zero waits.
+                timeout = math.ceil(timeout * 1e3) * 1e-3
         keys = self._keys
         self.stats.poll_waits += 1
         try:
@@ -478,7 +492,6 @@ class Poller(selectors.BaseSelector):
         self._backend = EpollBackend()
         self._applied.clear()
         self._dirty = set(self._keys) - self._always_ready
-        self._removed.clear()
         self.flush()
 
     def close(self) -> None:
@@ -488,6 +501,6 @@ class Poller(selectors.BaseSelector):
         self._keys.clear()
         self._applied.clear()
         self._dirty.clear()
-        self._removed.clear()
+        self._owned.clear()
         self._always_ready.clear()
         self._backend.close()

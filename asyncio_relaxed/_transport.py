@@ -150,14 +150,15 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if server is not None:
             _compat.server_attach(server, self)
         loop._transports[self._sock_fd] = self
+        # We release the fd before closing it, so the poller may defer the
+        # removal of its interest (pause+resume in one iteration is free).
+        loop._selector.own(self._sock_fd)
 
         # Disable Nagle: small writes leave without waiting for the peer's ACK.
         _compat.set_nodelay(sock)
         loop.call_soon(self._protocol.connection_made, self)
-        # Start reading only once connection_made() has run.  The socket
-        # object, not its number, is registered: the poller uses it to prove
-        # that a pause/resume in one iteration names the same open file.
-        loop.call_soon(self._add_reader, self._sock, self._read_ready)
+        # Start reading only once connection_made() has run.
+        loop.call_soon(self._add_reader, self._sock_fd, self._read_ready)
         if waiter is not None:
             loop.call_soon(_compat.set_result_unless_cancelled, waiter, None)
 
@@ -182,6 +183,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if self._sock is not None:
             _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            self._release_fd()
             self._sock.close()
             if self._server is not None:
                 _compat.server_detach(self._server, self)
@@ -219,7 +221,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._closing or not self._paused:
             return
         self._paused = False
-        self._add_reader(self._sock, self._read_ready)
+        self._add_reader(self._sock_fd, self._read_ready)
         if self._loop.get_debug():
             _compat.transport_logger().debug("%r resumes reading", self)
 
@@ -601,11 +603,19 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._conn_lost += 1
         self._loop.call_soon(self._call_connection_lost, exc)
 
+    def _release_fd(self) -> None:
+        """Tell the poller the fd is about to close (see _poller, edge 1)."""
+        loop = self._loop
+        selector = getattr(loop, "_selector", None) if loop is not None else None
+        if selector is not None:
+            selector.release(self._sock_fd)
+
     def _call_connection_lost(self, exc: BaseException | None) -> None:
         try:
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
+            self._release_fd()
             self._sock.close()  # type: ignore[union-attr]
             self._sock = None
             self._protocol = None

@@ -1,0 +1,722 @@
+"""The deferred-interest poller of ``_poller``, with pipes, socketpairs and files only.
+
+Most tests run on three backends: raw epoll (``Poller()``), and the same
+bookkeeping driving a stdlib ``PollSelector`` and ``SelectSelector``.  The
+``epoll_ctl_*`` counters are kept by the Poller itself, so they are the same on
+every backend.  Tests about epoll's own sharp edges (EPERM, dup'd descriptors)
+use the epoll backend only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from asyncio_relaxed._poller import (
+    EVENT_READ,
+    EVENT_WRITE,
+    EpollBackend,
+    Poller,
+    SelectorBackend,
+    default_backend,
+)
+from asyncio_relaxed._stats import Counters
+
+R = EVENT_READ
+W = EVENT_WRITE
+
+BACKENDS: dict[str, Callable[[], Poller]] = {
+    "epoll": lambda: Poller(),
+    "poll": lambda: Poller(SelectorBackend(selectors.PollSelector())),
+    "select": lambda: Poller(SelectorBackend(selectors.SelectSelector())),
+}
+
+Pair = Callable[[], "tuple[socket.socket, socket.socket]"]
+
+
+@pytest.fixture(params=list(BACKENDS))
+def poller(request: pytest.FixtureRequest) -> Iterator[Poller]:
+    p = BACKENDS[request.param]()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def epoll() -> Iterator[Poller]:
+    p = Poller()
+    assert p.backend_name == "epoll"
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    """A factory of connected socket pairs, all closed at teardown."""
+    made: list[socket.socket] = []
+
+    def make() -> tuple[socket.socket, socket.socket]:
+        a, b = socket.socketpair()
+        made.extend((a, b))
+        return a, b
+
+    yield make
+    for sock in made:
+        sock.close()
+
+
+def ctl(p: Poller) -> tuple[int, int, int]:
+    """(ADD, MOD, DEL) sent to the kernel so far."""
+    return (p.stats.epoll_ctl_add, p.stats.epoll_ctl_mod, p.stats.epoll_ctl_del)
+
+
+def by_fd(ready: list[tuple[selectors.SelectorKey, int]]) -> list[tuple[int, int]]:
+    return sorted((key.fd, mask) for key, mask in ready)
+
+
+# -- construction ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "backend_type", "name"),
+    [
+        ("auto", EpollBackend, "epoll"),
+        ("epoll", EpollBackend, "epoll"),
+        ("poll", SelectorBackend, "poll"),
+        ("select", SelectorBackend, "select"),
+    ],
+)
+def test_default_backend_kinds(kind: str, backend_type: type, name: str) -> None:
+    """default_backend(kind) gives the documented backend type and name on Linux."""
+    backend = default_backend(kind)
+    p = Poller(backend)
+    try:
+        assert type(backend) is backend_type
+        assert backend.name == name
+        assert p.backend_name == name
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize(
+    ("selector_type", "name"),
+    [
+        (selectors.PollSelector, "poll"),
+        (selectors.SelectSelector, "select"),
+        (selectors.EpollSelector, "epoll"),
+    ],
+)
+def test_plain_stdlib_selector_is_wrapped(selector_type: type, name: str) -> None:
+    """A stdlib selector passed to Poller is wrapped in a SelectorBackend named after it."""
+    p = Poller(selector_type())
+    try:
+        assert type(p._backend) is SelectorBackend
+        assert p.backend_name == name
+    finally:
+        p.close()
+
+
+def test_given_counters_are_used(pair: Pair) -> None:
+    """Poller(stats=...) counts into the Counters it was given."""
+    counters = Counters()
+    p = Poller(stats=counters)
+    try:
+        a, _ = pair()
+        p.register(a, R)
+        p.select(0)
+        assert p.stats is counters
+        assert (counters.epoll_ctl_add, counters.poll_waits) == (1, 1)
+    finally:
+        p.close()
+
+
+def test_epoll_fileno_is_valid_until_close() -> None:
+    """The epoll backend's fileno() is an open fd until close(), and close() twice is fine."""
+    p = Poller()
+    fd = p.fileno()
+    assert fd >= 0
+    os.fstat(fd)  # an open descriptor
+    p.close()
+    with pytest.raises(OSError) as info:
+        os.fstat(fd)
+    assert info.value.errno == errno.EBADF
+    p.close()
+
+
+def test_selector_backend_without_fileno_answers_minus_one() -> None:
+    """A wrapped SelectSelector has no kernel object: fileno() is -1."""
+    p = BACKENDS["select"]()
+    try:
+        assert p.fileno() == -1
+    finally:
+        p.close()
+
+
+def test_close_is_idempotent(poller: Poller, pair: Pair) -> None:
+    """close() forgets every key and may be called again."""
+    a, _ = pair()
+    poller.register(a, R)
+    poller.close()
+    assert len(poller.get_map()) == 0
+    poller.close()
+    assert len(poller.get_map()) == 0
+
+
+# -- register: applied at once, visible at once ----------------------------
+
+
+def test_register_applies_at_once(poller: Poller, pair: Pair) -> None:
+    """register() sends exactly one ADD immediately and leaves nothing pending."""
+    a, _ = pair()
+    key = poller.register(a, R, "data")
+    assert key == selectors.SelectorKey(a, a.fileno(), R, "data")
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.pending_changes == 0
+    assert poller.stats.poll_waits == 0
+
+
+def test_get_key_and_get_map_reflect_changes_synchronously(poller: Poller, pair: Pair) -> None:
+    """get_key/get_map see register, modify and unregister before any flush."""
+    a, _ = pair()
+    c, _ = pair()
+    key_a = poller.register(a, R)
+    key_c = poller.register(c.fileno(), W)
+    mapping = poller.get_map()
+    assert len(mapping) == 2
+    assert sorted(mapping) == sorted([a.fileno(), c.fileno()])
+    assert mapping[a] is key_a
+    assert mapping[a.fileno()] is key_a
+    assert mapping[c] is key_c
+    assert poller.get_key(c.fileno()) is key_c
+
+    new_a = poller.modify(a, R | W, "x")
+    assert poller.get_key(a) is new_a
+    assert mapping[a.fileno()].events == R | W
+
+    assert poller.unregister(c.fileno()) is key_c
+    assert len(mapping) == 1
+    assert list(mapping) == [a.fileno()]
+    assert c.fileno() not in mapping
+    with pytest.raises(KeyError, match="is not registered"):
+        poller.get_key(c)
+    # The two ADDs, and the DEL of an fd nobody owns, sent at once (edge 1).
+    assert ctl(poller) == (2, 0, 1)
+
+
+def test_register_of_closed_fd_raises_at_once(epoll: Poller) -> None:
+    """On epoll, registering a closed fd raises OSError(EBADF) from register() itself."""
+    r, w = os.pipe()
+    os.close(w)
+    os.close(r)
+    with pytest.raises(OSError) as info:
+        epoll.register(r, R)
+    assert info.value.errno == errno.EBADF
+    assert len(epoll.get_map()) == 0
+    assert ctl(epoll) == (1, 0, 0)
+    assert epoll.select(0) == []
+
+
+def _closed_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.close()
+    return sock
+
+
+# Each case is an operation run on the Poller and
+# on a stdlib SelectSelector; the exception type and text must be the same.
+NOT_A_FILE = object()
+_CLOSED = _closed_socket()
+ERROR_CASES: dict[str, Callable[[selectors.BaseSelector, socket.socket], Any]] = {
+    "register twice": lambda s, a: (s.register(a, R), s.register(a, W)),
+    "register twice by fd": lambda s, a: (s.register(a, R), s.register(a.fileno(), R)),
+    "unregister unknown": lambda s, a: s.unregister(a),
+    "unregister twice": lambda s, a: (s.register(a, R), s.unregister(a), s.unregister(a)),
+    "modify unknown": lambda s, a: s.modify(a, R),
+    "get_key unknown": lambda s, a: s.get_key(a),
+    "get_map unknown": lambda s, a: s.get_map()[a],
+    "events zero": lambda s, a: s.register(a, 0),
+    "events too big": lambda s, a: s.register(a, 4),
+    "events negative": lambda s, a: s.register(a, -1),
+    "negative fd": lambda s, a: s.register(-3, R),
+    "no fileno": lambda s, a: s.register(NOT_A_FILE, R),
+    "str object": lambda s, a: s.register("not a file", R),
+    "closed socket": lambda s, a: s.register(_CLOSED, R),
+}
+# (keys left, ADDs sent, DELs sent) after the case, where not (0, 0, 0): the
+# failing call sends nothing.
+AFTER_ERROR = {
+    "register twice": (1, 1, 0),
+    "register twice by fd": (1, 1, 0),
+    "unregister twice": (0, 1, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_errors_match_stdlib_selectors(poller: Poller, pair: Pair, case: str) -> None:
+    """Error types and texts are those of stdlib selectors; a failed register leaves no key."""
+    a, _ = pair()
+    operation = ERROR_CASES[case]
+    reference = selectors.SelectSelector()
+    try:
+        with pytest.raises((KeyError, ValueError)) as expected:
+            operation(reference, a)
+    finally:
+        reference.close()
+    with pytest.raises(expected.type) as got:
+        operation(poller, a)
+    assert got.value.args == expected.value.args
+    keys_left, adds, dels = AFTER_ERROR.get(case, (0, 0, 0))
+    assert len(poller.get_map()) == keys_left
+    assert ctl(poller) == (adds, 0, dels)
+
+
+def test_error_texts(poller: Poller, pair: Pair) -> None:
+    """The KeyError texts are the familiar selectors ones."""
+    a, _ = pair()
+    poller.register(a, R)
+    with pytest.raises(KeyError) as info:
+        poller.register(a, R)
+    assert info.value.args == (f"{a!r} (FD {a.fileno()}) is already registered",)
+    poller.unregister(a)
+    with pytest.raises(KeyError) as info:
+        poller.modify(a, W)
+    assert info.value.args == (f"{a!r} is not registered",)
+
+
+@pytest.mark.parametrize("events", [0, 4, R | W | 8])
+def test_modify_with_bad_events_keeps_the_key(poller: Poller, pair: Pair, events: int) -> None:
+    """modify() with invalid events raises ValueError and changes nothing."""
+    a, _ = pair()
+    key = poller.register(a, R)
+    with pytest.raises(ValueError, match=rf"^Invalid events: {events}$"):
+        poller.modify(a, events)
+    assert poller.get_key(a) is key
+    assert poller.pending_changes == 0
+
+
+def test_closed_socket_is_found_by_identity(poller: Poller, pair: Pair) -> None:
+    """A socket closed while registered is still found, by identity, and can be unregistered."""
+    a, _ = pair()
+    key = poller.register(a, R)
+    a.close()
+    assert poller.get_key(a) is key
+    assert poller.get_map()[a] is key
+    assert poller.unregister(a) is key
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 1)
+
+
+# -- modify: deferred to the flush ----------------------------------------
+
+
+@pytest.mark.parametrize("how", ["select", "flush"])
+def test_modify_is_deferred_until_flush(poller: Poller, pair: Pair, how: str) -> None:
+    """modify() sends nothing until select()/flush(), then exactly one MOD."""
+    a, _ = pair()
+    poller.register(a, R)
+    key = poller.modify(a, R | W)
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.pending_changes == 1
+    if how == "flush":
+        poller.flush()
+        assert ctl(poller) == (1, 1, 0)
+        assert poller.pending_changes == 0
+    # The socket is writable and not readable: the kernel got the MOD.
+    assert poller.select(0) == [(key, W)]
+    assert ctl(poller) == (1, 1, 0)
+    assert poller.select(0) == [(key, W)]
+    assert ctl(poller) == (1, 1, 0)
+
+
+def test_modify_there_and_back_costs_nothing(poller: Poller, pair: Pair) -> None:
+    """modify to R|W and back to R before the flush sends no MOD."""
+    a, _ = pair()
+    poller.register(a, R)
+    poller.modify(a, R | W)
+    key = poller.modify(a, R)
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.get_key(a) is key
+
+
+def test_modify_data_only_is_not_a_change(poller: Poller, pair: Pair) -> None:
+    """modify() with the same events and new data updates the key, marks nothing dirty."""
+    a, b = pair()
+    poller.register(a, R, "old")
+    key = poller.modify(a, R, "new")
+    assert key.data == "new"
+    assert poller.pending_changes == 0
+    b.send(b"x")
+    assert poller.select(0) == [(key, R)]
+    assert ctl(poller) == (1, 0, 0)
+
+
+def test_unregister_of_unowned_fd_is_sent_at_once(poller: Poller, pair: Pair) -> None:
+    """Nobody promised to release() it: the DEL goes out before the fd can be closed."""
+    a, b = pair()
+    poller.register(a, R)
+    poller.unregister(a)
+    assert ctl(poller) == (1, 0, 1)
+    assert poller.pending_changes == 0
+    b.send(b"x")
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 1)
+
+
+def test_unregister_of_owned_fd_is_deferred_then_one_del(poller: Poller, pair: Pair) -> None:
+    """An owned fd's unregister() sends one DEL at the flush; events stop."""
+    a, b = pair()
+    poller.own(a.fileno())
+    poller.register(a, R)
+    poller.unregister(a)
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.pending_changes == 1
+    b.send(b"x")
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 1)
+    assert poller.select(0) == []
+    assert poller.stats.events == 0
+
+
+# -- unregister + register before the flush -----------------------------------
+
+
+def test_pause_resume_same_socket_costs_nothing(poller: Poller, pair: Pair) -> None:
+    """unregister + register of an owned fd before the flush sends no epoll_ctl."""
+    a, b = pair()
+    poller.own(a.fileno())
+    poller.register(a, R, "first")
+    poller.unregister(a)
+    key = poller.register(a, R, "second")
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 0)
+    b.send(b"x")
+    assert poller.select(0) == [(key, R)]
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.stats.events == 1
+
+
+def test_pause_resume_with_other_events_is_one_mod(poller: Poller, pair: Pair) -> None:
+    """unregister + register of an owned fd for other events is one MOD at the flush."""
+    a, _ = pair()
+    poller.own(a.fileno())
+    poller.register(a, R)
+    poller.unregister(a)
+    key = poller.register(a, W)
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.select(0) == [(key, W)]
+    assert ctl(poller) == (1, 1, 0)
+
+
+def test_pause_resume_then_pause_again_is_one_del(poller: Poller, pair: Pair) -> None:
+    """unregister, register, unregister of an owned fd before the flush is a single DEL."""
+    a, b = pair()
+    poller.own(a.fileno())
+    poller.register(a, R)
+    poller.unregister(a)
+    poller.register(a, R)
+    poller.unregister(a)
+    b.send(b"x")
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 1)
+
+
+def test_release_applies_the_pending_removal(poller: Poller, pair: Pair) -> None:
+    """release() before close sends the deferred DEL while the fd is still open."""
+    a, _ = pair()
+    poller.own(a.fileno())
+    poller.register(a, R)
+    poller.unregister(a)
+    assert ctl(poller) == (1, 0, 0)
+    poller.release(a.fileno())
+    assert ctl(poller) == (1, 0, 1)
+    assert poller.pending_changes == 0
+    poller.release(a.fileno())  # idempotent
+    assert ctl(poller) == (1, 0, 1)
+
+
+def test_reregister_int_fd_is_applied(poller: Poller, pair: Pair) -> None:
+    """unregister + register of a plain int fd is sent to the kernel, and events still arrive."""
+    a, b = pair()
+    fd = a.fileno()
+    poller.register(fd, R)
+    poller.unregister(fd)
+    key = poller.register(fd, R)
+    assert sum(ctl(poller)) >= 2  # the re-register was not deferred
+    assert poller.select(0) == []
+    b.send(b"x")
+    assert poller.select(0) == [(key, R)]
+    assert poller.stats.events == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("object", "object"), ("object", "int"), ("int", "int"), ("int", "object")],
+)
+def test_reused_fd_number_reports_the_new_socket(
+    poller: Poller, pair: Pair, first: str, second: str
+) -> None:
+    """A closed socket's fd number reused by a new socket in the same iteration still works."""
+    a, _a_peer = pair()
+    number = a.fileno()
+    poller.register(a if first == "object" else number, R)
+    poller.unregister(a if first == "object" else number)
+    a.close()
+    b, b_peer = pair()
+    if b.fileno() != number:
+        pytest.skip(f"the new socket got fd {b.fileno()}, not {number}")
+    key = poller.register(b if second == "object" else number, R)
+    assert poller.select(0) == []
+    b_peer.send(b"x")
+    assert poller.select(0) == [(key, R)]
+    assert poller.stats.events == 1
+    assert poller.stats.epoll_ctl_del == 1  # sent before the close: nobody owned a
+
+
+@pytest.mark.parametrize("events", [R, R | W])
+def test_reused_fd_number_with_wrapped_epoll_selector(pair: Pair, events: int) -> None:
+    """A reused fd number works when the Poller wraps a stdlib EpollSelector."""
+    p = Poller(selectors.EpollSelector())
+    try:
+        a, _a_peer = pair()
+        number = a.fileno()
+        p.register(a, R)
+        p.unregister(a)
+        a.close()
+        b, b_peer = pair()
+        if b.fileno() != number:
+            pytest.skip(f"the new socket got fd {b.fileno()}, not {number}")
+        key = p.register(b, events)
+        b_peer.send(b"x")
+        assert p.select(0) == [(key, events)]  # b is readable and writable
+    finally:
+        p.close()
+
+
+# -- closed and dup'd descriptors ------------------------------------------------
+
+
+@pytest.mark.parametrize("as_int", [False, True], ids=["pipe", "fd"])
+def test_del_of_closed_fd_is_ignored(poller: Poller, as_int: bool) -> None:
+    """A DEL pending for an fd closed in the meantime does not raise."""
+    r, w = os.pipe()
+    rfile = open(r, "rb", buffering=0)
+    try:
+        target: Any = r if as_int else rfile
+        poller.register(target, R)
+        poller.unregister(target)
+    finally:
+        rfile.close()
+        os.close(w)
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 1)
+    assert len(poller.get_map()) == 0
+
+
+@pytest.mark.parametrize("number_reused", [False, True], ids=["number-free", "number-reused"])
+def test_stray_events_from_dup_rebuild_the_epoll_set(
+    epoll: Poller, pair: Pair, number_reused: bool
+) -> None:
+    """A dup keeping a removed, closed fd's registration alive is cleared, other fds survive."""
+    a, a_peer = pair()
+    c, c_peer = pair()
+    idle, _ = pair()
+    epoll.register(a, R)
+    key_c = epoll.register(c, R)
+    # max_events is the number of keys: the idle key leaves room for the stray.
+    epoll.register(idle, R)
+    a_peer.send(b"x")
+    c_peer.send(b"y")
+    number = a.fileno()
+    dup = os.dup(number)
+    try:
+        # An owner that breaks its promise: closes without release(), so the
+        # deferred DEL can no longer name the file that dup keeps open.
+        epoll.own(number)
+        epoll.unregister(a)
+        a.close()
+        if number_reused:
+            e, _ = pair()  # an unwatched socket now has a's number
+            if e.fileno() != number:
+                pytest.skip(f"the new socket got fd {e.fileno()}, not {number}")
+        assert epoll.select(0) == [(key_c, R)]
+        # ADD a, c, idle; the DEL at the flush and the DEL of the stray both
+        # fail; the rebuilt epoll set gets c and idle again.
+        assert ctl(epoll) == (5, 0, 2)
+        for _ in range(3):
+            assert epoll.select(0) == [(key_c, R)]
+        assert ctl(epoll) == (5, 0, 2)
+        assert epoll.stats.events == 4
+        assert epoll.stats.poll_waits == 4
+    finally:
+        os.close(dup)
+    c.recv(1)
+    assert epoll.select(0) == []
+
+
+def test_dup_then_reuse_by_registered_socket(epoll: Poller, pair: Pair) -> None:
+    """A new socket on a dup'd, closed fd's number is not reported ready by the old file."""
+    a, a_peer = pair()
+    epoll.register(a, R)
+    a_peer.send(b"x")
+    number = a.fileno()
+    dup = os.dup(number)
+    try:
+        epoll.unregister(a)
+        a.close()
+        b, b_peer = pair()
+        if b.fileno() != number:
+            pytest.skip(f"the new socket got fd {b.fileno()}, not {number}")
+        key = epoll.register(b, R)
+        assert epoll.select(0) == []  # b has nothing to read
+        b_peer.send(b"z")
+        assert epoll.select(0) == [(key, R)]
+    finally:
+        os.close(dup)
+
+
+def test_deferred_change_on_closed_fd_is_ignored(epoll: Poller) -> None:
+    """A deferred MOD of an fd closed while registered is dropped quietly, like stock."""
+    r, w = os.pipe()
+    os.close(w)
+    epoll.register(r, R)
+    epoll.modify(r, R | W)
+    os.close(r)
+    seen: list[tuple[int, BaseException]] = []
+    epoll.on_error = lambda fd, exc: seen.append((fd, exc))
+    assert epoll.select(0) == []
+    assert seen == []
+    assert ctl(epoll) == (1, 1, 0)  # one ADD, one refused MOD, no retry
+
+
+class _FullEpoll(EpollBackend):
+    """An epoll whose MOD fails as when max_user_watches is exhausted."""
+
+    def modify(self, fd: int, mask: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_refused_deferred_change_goes_to_on_error() -> None:
+    """A deferred MOD refused for a real reason reaches on_error, or raises without one."""
+    poller = Poller(_FullEpoll())
+    r, w = os.pipe()
+    try:
+        poller.register(r, R)
+        poller.modify(r, R | W)
+        seen: list[tuple[int, BaseException]] = []
+        poller.on_error = lambda fd, exc: seen.append((fd, exc))
+        poller.select(0)
+        assert [(fd, exc.errno) for fd, exc in seen] == [(r, errno.ENOSPC)]
+        poller.on_error = None
+        poller.modify(r, R)
+        poller.modify(r, R | W)
+        with pytest.raises(OSError) as info:
+            poller.select(0)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        poller.close()
+        os.close(r)
+        os.close(w)
+
+
+# -- EPERM: always-ready files -------------------------------------------------
+
+
+@pytest.fixture(params=["regular-file", "dev-null"])
+def always_ready(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """A file object or fd epoll refuses with EPERM."""
+    if request.param == "regular-file":
+        path = tmp_path / "data"
+        path.write_bytes(b"contents")
+        with open(path, "rb") as f:
+            yield f
+    else:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+
+def test_eperm_file_is_always_ready(epoll: Poller, pair: Pair, always_ready: Any) -> None:
+    """A file epoll refuses is registered without error and ready on every poll, never blocking."""
+    a, _ = pair()
+    epoll.register(a, R)  # not ready: would block select(None) alone
+    key = epoll.register(always_ready, R)
+    assert epoll.stats.always_ready_fds == 1
+    assert epoll.get_key(always_ready) is key
+    assert epoll.select(None) == [(key, R)]
+    assert epoll.select(30) == [(key, R)]
+    assert epoll.stats.events == 2
+    assert epoll.stats.poll_waits == 2
+    assert ctl(epoll) == (2, 0, 0)  # the refused ADD was one syscall
+
+    assert epoll.unregister(always_ready) is key
+    assert epoll.select(0) == []
+    assert ctl(epoll) == (2, 0, 0)  # nothing to DEL: the kernel never held it
+    assert epoll.stats.events == 2
+
+
+def test_eperm_file_reports_its_current_events(epoll: Poller, always_ready: Any) -> None:
+    """modify() of an always-ready file changes what it reports, without any epoll_ctl."""
+    epoll.register(always_ready, R)
+    key = epoll.modify(always_ready, R | W)
+    assert epoll.select(None) == [(key, R | W)]
+    assert ctl(epoll) == (1, 0, 0)
+    assert epoll.stats.always_ready_fds == 1
+
+
+# -- waiting --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [1e-9, 1e-6, 0.0004, 0, -1])
+def test_tiny_or_negative_timeout_returns_empty(poller: Poller, pair: Pair, timeout: float) -> None:
+    """A tiny positive, zero or negative timeout does not raise and returns []."""
+    a, _ = pair()
+    poller.register(a, R)
+    assert poller.select(timeout) == []
+    assert poller.stats.poll_waits == 1
+    assert poller.stats.events == 0
+
+
+def test_events_counts_ready_pairs_filtered_by_interest(poller: Poller, pair: Pair) -> None:
+    """select() reports each ready fd once, masked by its interest; events counts the pairs."""
+    a, a_peer = pair()
+    c, _ = pair()
+    e, _ = pair()
+    poller.register(a, R)  # readable and writable, wants only R
+    poller.register(c, R | W)  # only writable
+    poller.register(e, R)  # nothing
+    a_peer.send(b"x")
+    ready = poller.select(0)
+    assert by_fd(ready) == sorted([(a.fileno(), R), (c.fileno(), W)])
+    assert poller.stats.events == 2
+    assert poller.stats.poll_waits == 1
+
+
+@pytest.mark.parametrize("name", ["epoll", "poll", "select"])
+def test_select_none_blocks_until_ready(pair: Pair, name: str) -> None:
+    """select(None) waits for an event; it never returns an empty list."""
+    p = BACKENDS[name]()
+    a, b = pair()
+    key = p.register(a, R)
+    results: list[list[tuple[selectors.SelectorKey, int]]] = []
+    waiter = threading.Thread(target=lambda: results.append(p.select(None)))
+    try:
+        waiter.start()
+        # Proving a wait needs a bounded pause; the event that ends it is the send.
+        waiter.join(0.3)
+        still_waiting = waiter.is_alive()
+        b.send(b"x")
+        waiter.join()
+        assert still_waiting
+        assert results == [[(key, R)]]
+        assert p.stats.poll_waits == 1
+    finally:
+        p.close()
