@@ -67,6 +67,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         else:
             poller = Poller(selector, stats=self._stats)
         poller.on_error = self._poller_error
+        self._backend_name = poller.backend_name  # statistics() works after close()
         # Transports with deferred writes, and short writes to retry (feed).
         self._write_queue: list[SocketTransport] = []
         self._feed_queue: list[SocketTransport] = []
@@ -82,13 +83,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
     def statistics(self) -> LoopStatistics:
         """A frozen snapshot of this loop's counters."""
-        return self._stats.snapshot(self._selector.backend_name)
+        return self._stats.snapshot(self._backend_name)
 
     def _poller_error(self, fd: int, exc: BaseException) -> None:
         self.call_exception_handler(
             {
-                "message": f"poller could not apply the interest change for fd {fd}; "
-                "was it closed while still registered?",
+                "message": f"the kernel refused the interest change for fd {fd}; "
+                "it is not polled until its registration changes again",
                 "exception": exc,
             }
         )

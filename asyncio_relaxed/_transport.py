@@ -330,9 +330,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if not data:
             return
         if self._conn_lost:
-            if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
-                _compat.transport_logger().warning("socket.send() raised exception.")
-            self._conn_lost += 1
+            self._drop_write_after_loss()
             return
         if type(data) is memoryview and (data.ndim != 1 or data.format != "B"):
             data = data.tobytes()  # byte offsets below assume one byte per item
@@ -382,9 +380,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if not chunks:
             return
         if self._conn_lost:
-            if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
-                _compat.transport_logger().warning("socket.send() raised exception.")
-            self._conn_lost += 1
+            self._drop_write_after_loss()
             return
         self._stats.writes += 1
         was_idle = not self._buffer
@@ -403,6 +399,13 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._queued = True
             self._loop._write_queue.append(self)
             self._check_high_water()
+
+    def _drop_write_after_loss(self) -> None:
+        """A write after the connection was lost: dropped, as in stock (which
+        warns once the count passes LOG_THRESHOLD_FOR_CONNLOST_WRITES)."""
+        if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+            _compat.transport_logger().warning("socket.send() raised exception.")
+        self._conn_lost += 1
 
     def _append(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer *data*, copying what the caller could mutate afterwards."""

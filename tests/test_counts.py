@@ -231,3 +231,4 @@ def test_statistics_snapshot_is_frozen(write: str) -> None:
         assert after.callbacks - stats.callbacks == 3  # the three loop.stop calls
     finally:
         loop.close()
+    assert loop.statistics().iterations == after.iterations  # readable after close()
