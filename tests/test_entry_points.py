@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import warnings
@@ -147,3 +148,23 @@ def test_unknown_attribute_error() -> None:
     with warnings.catch_warnings():
         with pytest.raises(AttributeError, match="no attribute 'nope'"):
             asyncio_relaxed.nope  # noqa: B018
+
+
+def test_python_m_prints_settings_and_their_source() -> None:
+    env = {**os.environ, "ASYNCIO_RELAXED_WRITE": "deferred"}
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncio_relaxed"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"asyncio_relaxed {asyncio_relaxed.__version__}" in out.stdout
+    assert "from ASYNCIO_RELAXED_WRITE" in out.stdout
+    assert "IOV_MAX" in out.stdout
+
+
+def test_python_m_reports_an_invalid_setting() -> None:
+    env = {**os.environ, "ASYNCIO_RELAXED_ACCEPT_NOTHING": "", "ASYNCIO_RELAXED_FEED_LIMIT": "-3"}
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncio_relaxed"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 2
+    assert "ASYNCIO_RELAXED_FEED_LIMIT='-3'" in out.stdout
