@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from ._config import Config, PartialWrite, Poller, WriteMode, resolve
+from ._config import AcceptStrategy, Config, PartialWrite, Poller, WriteMode, resolve
 from ._loop import Loop
 from ._stats import COUNTERS, LoopStatistics
 
@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "COUNTERS",
+    "AcceptStrategy",
     "Config",
     "EventLoopPolicy",
     "Loop",

@@ -21,21 +21,28 @@ slow-callback warning.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import heapq
 import selectors
 import socket
+import sys
+import time
 from typing import Any
 
 from . import _compat
-from ._config import Config, resolve
+from ._config import AcceptStrategy, Config, resolve
 from ._poller import Poller, default_backend
 from ._stats import Counters, LoopStatistics
-from ._transport import SocketTransport
+from ._transport import SocketTransport, is_tcp, set_options
 
 __all__ = ["Loop"]
 
 _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+# Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
+# to the sockets accept() returns; checked with getsockopt in the tests.
+_ACCEPTED_INHERIT_NODELAY = sys.platform.startswith("linux")
 
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
@@ -71,6 +78,14 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # Transports with deferred writes, and short writes to retry (feed).
         self._write_queue: list[SocketTransport] = []
         self._feed_queue: list[SocketTransport] = []
+        # (level, option, value) for every TCP connection: the keepalive knobs.
+        self._tcp_sockopts: list[tuple[int, int, int]] = [
+            (getattr(socket, level), getattr(socket, option), value)
+            for level, option, value in config.tcp_options()
+            if hasattr(socket, option)
+        ]
+        # Listener fds in an accept-resource-error episode (reported once).
+        self._accept_failing: set[int] = set()
         # The one receive buffer of every plain-Protocol transport.
         self._read_buffer = bytearray(config.read_size)
         self._read_view = memoryview(self._read_buffer)
@@ -136,6 +151,23 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
     # -- accept -------------------------------------------------------------
 
+    def _start_serving(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any = None,
+        server: Any = None,
+        backlog: int = 100,
+        *timeouts: Any,
+    ) -> None:
+        # TCP_NODELAY and the keepalive options once on the listener instead
+        # of once per connection: Linux copies them to every accepted socket.
+        if _ACCEPTED_INHERIT_NODELAY and is_tcp(sock):
+            set_options(sock, [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1), *self._tcp_sockopts])
+        if self._config.exclusive_accept:
+            self._selector.exclusive(sock.fileno())
+        super()._start_serving(protocol_factory, sock, sslcontext, server, backlog, *timeouts)
+
     def _accept_connection(
         self,
         protocol_factory: Any,
@@ -145,11 +177,19 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         backlog: int = 100,
         *timeouts: Any,
     ) -> None:
-        """Accept up to *backlog* connections for one readiness event (stock, bpo-27906)."""
+        """Accept for one readiness event of a listener, by the accept strategy.
+
+        batch: up to accept_batch (default: the backlog) accepts, the last one
+        usually a wasted EAGAIN (stock, bpo-27906).  single and relaxed: one;
+        the poller reports the listener again while more are queued.
+        """
         if not timeouts:
             timeouts = _compat.DEFAULT_SSL_TIMEOUTS
+        config = self._config
+        strategy = config.accept
+        budget = (config.accept_batch or backlog) if strategy is AcceptStrategy.BATCH else 1
         stats = self._stats
-        for _ in range(backlog):
+        for _ in range(budget):
             stats.accept += 1
             try:
                 conn, addr = sock.accept()
@@ -159,41 +199,104 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                     )
                 conn.setblocking(False)
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                # The accept queue is empty.
-                stats.accept_eagain += 1
+                stats.accept_eagain += 1  # the accept queue is empty
                 return
             except OSError as exc:
                 if exc.errno not in _ACCEPT_RESOURCE_ERRNOS:
                     raise  # The event loop will catch, log and ignore it.
-                # Linux keeps reporting the listener ready: stop polling it,
-                # keep serving open connections, and try again in a while.
-                # Unlike stock, stop this batch too: the next accept() would
-                # fail the same way.
-                self.call_exception_handler(
-                    {
-                        "message": "socket.accept() out of system resource",
-                        "exception": exc,
-                        "socket": _compat.TransportSocket(sock),
-                    }
-                )
-                self._remove_reader(sock.fileno())
-                self.call_later(
-                    _compat.ACCEPT_RETRY_DELAY,
-                    self._start_serving,
-                    protocol_factory,
-                    sock,
-                    sslcontext,
-                    server,
-                    backlog,
-                    *timeouts,
-                )
+                self._accept_starved(exc, protocol_factory, sock, sslcontext, server,
+                                     backlog, timeouts)
                 return
-            else:
-                extra = {"peername": addr}
-                accept = self._accept_connection2(
-                    protocol_factory, conn, extra, sslcontext, server, *timeouts
+            self._accept_failing.discard(sock.fileno())
+            extra = {"peername": addr}
+            if sslcontext:
+                self.create_task(
+                    self._accept_connection2(
+                        protocol_factory, conn, extra, sslcontext, server, *timeouts
+                    )
                 )
-                self.create_task(accept)
+            else:
+                # Plain TCP needs no Task: nothing is awaited before the
+                # protocol owns the connection (stock's task only awaits the
+                # connection_made callback).  A context copy per connection
+                # keeps the task's isolation of context variables.
+                contextvars.copy_context().run(
+                    self._accept_plain, protocol_factory, conn, extra, server
+                )
+            if strategy is AcceptStrategy.RELAXED:
+                # Give up the time slice so a sibling process sharing the
+                # listener wins the next connection: nanosleep, not
+                # sched_yield, which yields only to processes on this CPU
+                # (libuv 2012, "unix: add relaxed accept() setting").
+                time.sleep(1e-9)
+
+    def _accept_plain(
+        self, protocol_factory: Any, conn: socket.socket, extra: dict[str, Any], server: Any
+    ) -> None:
+        protocol = transport = None
+        try:
+            protocol = protocol_factory()
+            transport = SocketTransport(
+                self, conn, protocol, None, extra, server,
+                inherited_options=_ACCEPTED_INHERIT_NODELAY and is_tcp(conn),
+            )
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            if transport is not None:
+                transport.close()
+            else:
+                conn.close()
+            # Reported in debug mode only, as stock _accept_connection2 does.
+            if self._debug:
+                context = {
+                    "message": "Error on transport creation for incoming connection",
+                    "exception": exc,
+                }
+                if protocol is not None:
+                    context["protocol"] = protocol
+                if transport is not None:
+                    context["transport"] = transport
+                self.call_exception_handler(context)
+
+    def _accept_starved(
+        self,
+        exc: OSError,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+    ) -> None:
+        """EMFILE and friends: stop polling the listener, retry after a delay.
+
+        Linux keeps reporting the listener ready, so it must leave the poller
+        or the loop spins; open connections are served meanwhile.  Unlike
+        stock, the batch stops here (the next accept would fail the same way)
+        and the error is reported once per episode, not once per retry.
+        """
+        fd = sock.fileno()
+        if fd not in self._accept_failing:
+            self._accept_failing.add(fd)
+            self.call_exception_handler(
+                {
+                    "message": "socket.accept() out of system resource",
+                    "exception": exc,
+                    "socket": _compat.TransportSocket(sock),
+                }
+            )
+        self._remove_reader(fd)
+        self.call_later(
+            _compat.ACCEPT_RETRY_DELAY,
+            self._start_serving,
+            protocol_factory,
+            sock,
+            sslcontext,
+            server,
+            backlog,
+            *timeouts,
+        )
 
     # -- the iteration ------------------------------------------------------
 

@@ -130,8 +130,11 @@ class EpollBackend:
             kmask |= select.EPOLLOUT
         return kmask
 
-    def add(self, fd: int, mask: int) -> None:
-        self._epoll.register(fd, self._kernel_mask(mask))
+    def add(self, fd: int, mask: int, exclusive: bool = False) -> None:
+        kmask = self._kernel_mask(mask)
+        if exclusive:
+            kmask |= select.EPOLLEXCLUSIVE
+        self._epoll.register(fd, kmask)
 
     def modify(self, fd: int, mask: int) -> None:
         self._epoll.modify(fd, self._kernel_mask(mask))
@@ -172,7 +175,7 @@ class SelectorBackend:
         fileno = getattr(self._selector, "fileno", None)
         return fileno() if fileno is not None else -1
 
-    def add(self, fd: int, mask: int) -> None:
+    def add(self, fd: int, mask: int, exclusive: bool = False) -> None:
         try:
             self._selector.unregister(fd)
         except KeyError:
@@ -264,6 +267,7 @@ class Poller(selectors.BaseSelector):
         self._applied: dict[int, int] = {}  # fd -> mask the kernel holds
         self._dirty: set[int] = set()  # fds whose wanted mask may differ
         self._owned: set[int] = set()  # fds released before close (edge 1)
+        self._exclusive: set[int] = set()  # registered with EPOLLEXCLUSIVE
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
         self._map = _Mapping(self)
         self._closed = False
@@ -318,6 +322,16 @@ class Poller(selectors.BaseSelector):
             self._dirty.discard(fd)
             self._flush_one(fd)
 
+    def exclusive(self, fd: int) -> None:
+        """Register *fd* with EPOLLEXCLUSIVE (where epoll has it) from now on.
+
+        For listeners shared by processes: one connection wakes one of them.
+        The kernel allows the flag on ADD only, so a change of an exclusive
+        registration is sent as DEL + ADD.  Cleared by unregister().
+        """
+        if isinstance(self._backend, EpollBackend) and hasattr(select, "EPOLLEXCLUSIVE"):
+            self._exclusive.add(fd)
+
     # -- changes --------------------------------------------------------
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
@@ -360,6 +374,7 @@ class Poller(selectors.BaseSelector):
             key = self._keys.pop(fd)
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
+        self._exclusive.discard(fd)
         if fd in self._always_ready:
             self._always_ready.discard(fd)
             self._dirty.discard(fd)
@@ -375,6 +390,13 @@ class Poller(selectors.BaseSelector):
         """Tell the kernel *mask* for *fd* now, whatever file the number names."""
         stats = self.stats
         backend = self._backend
+        if fd in self._exclusive:
+            if fd in self._applied:
+                self._remove_now(fd)
+            stats.epoll_ctl_add += 1
+            backend.add(fd, mask, exclusive=True)
+            self._applied[fd] = mask
+            return
         try:
             if fd in self._applied:
                 try:
@@ -502,5 +524,6 @@ class Poller(selectors.BaseSelector):
         self._applied.clear()
         self._dirty.clear()
         self._owned.clear()
+        self._exclusive.clear()
         self._always_ready.clear()
         self._backend.close()

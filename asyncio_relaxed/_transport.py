@@ -56,7 +56,7 @@ from ._config import PartialWrite, WriteMode
 if TYPE_CHECKING:
     from ._loop import Loop
 
-__all__ = ["SocketTransport"]
+__all__ = ["SocketTransport", "is_tcp", "set_options"]
 
 try:
     IOV_MAX: int = max(16, __import__("os").sysconf("SC_IOV_MAX"))
@@ -64,6 +64,23 @@ except (AttributeError, ValueError, OSError):
     IOV_MAX = 16
 
 _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
+
+
+def is_tcp(sock: socket.socket) -> bool:
+    return (
+        sock.family in (socket.AF_INET, socket.AF_INET6)
+        and sock.type == socket.SOCK_STREAM
+        and sock.proto in (0, socket.IPPROTO_TCP)
+    )
+
+
+def set_options(sock: socket.socket, options: list[tuple[int, int, int]]) -> None:
+    """setsockopt each (level, option, value); a refused one is skipped."""
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            pass
 
 
 class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
@@ -111,6 +128,8 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         waiter: Any = None,
         extra: dict[str, Any] | None = None,
         server: Any = None,
+        *,
+        inherited_options: bool = False,
     ) -> None:
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
@@ -155,7 +174,12 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         loop._selector.own(self._sock_fd)
 
         # Disable Nagle: small writes leave without waiting for the peer's ACK.
-        _compat.set_nodelay(sock)
+        # An accepted socket inherited it and the keepalive options from its
+        # listener (Linux), which saves a setsockopt per option per connection.
+        if not inherited_options:
+            _compat.set_nodelay(sock)
+            if loop._tcp_sockopts and is_tcp(sock):
+                set_options(sock, loop._tcp_sockopts)
         loop.call_soon(self._protocol.connection_made, self)
         # Start reading only once connection_made() has run.
         loop.call_soon(self._add_reader, self._sock_fd, self._read_ready)

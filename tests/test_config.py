@@ -17,6 +17,7 @@ import pytest
 import asyncio_relaxed
 from asyncio_relaxed._config import (
     ENV_PREFIX,
+    AcceptStrategy,
     Config,
     PartialWrite,
     Poller,
@@ -30,6 +31,13 @@ DEFAULTS = {
     "write": WriteMode.EAGER,
     "partial_write": PartialWrite.POLL,
     "feed_limit": 4,
+    "accept": AcceptStrategy.BATCH,
+    "accept_batch": 0,
+    "exclusive_accept": False,
+    "keepalive": False,
+    "keepalive_idle": 0,
+    "keepalive_interval": 0,
+    "keepalive_count": 0,
     "poller": Poller.AUTO,
     "read_size": 256 * 1024,
 }
@@ -38,6 +46,13 @@ ENV_NAMES = {
     "write": "ASYNCIO_RELAXED_WRITE",
     "partial_write": "ASYNCIO_RELAXED_PARTIAL_WRITE",
     "feed_limit": "ASYNCIO_RELAXED_FEED_LIMIT",
+    "accept": "ASYNCIO_RELAXED_ACCEPT",
+    "accept_batch": "ASYNCIO_RELAXED_ACCEPT_BATCH",
+    "exclusive_accept": "ASYNCIO_RELAXED_EXCLUSIVE_ACCEPT",
+    "keepalive": "ASYNCIO_RELAXED_KEEPALIVE",
+    "keepalive_idle": "ASYNCIO_RELAXED_KEEPALIVE_IDLE",
+    "keepalive_interval": "ASYNCIO_RELAXED_KEEPALIVE_INTERVAL",
+    "keepalive_count": "ASYNCIO_RELAXED_KEEPALIVE_COUNT",
     "poller": "ASYNCIO_RELAXED_POLLER",
     "read_size": "ASYNCIO_RELAXED_READ_SIZE",
 }
@@ -47,6 +62,13 @@ NON_DEFAULT = {
     "write": ("deferred", WriteMode.DEFERRED),
     "partial_write": ("feed", PartialWrite.FEED),
     "feed_limit": ("9", 9),
+    "accept": ("relaxed", AcceptStrategy.RELAXED),
+    "accept_batch": ("16", 16),
+    "exclusive_accept": ("Yes", True),
+    "keepalive": ("on", True),
+    "keepalive_idle": ("30", 30),
+    "keepalive_interval": ("5", 5),
+    "keepalive_count": ("3", 3),
     "poller": ("select", Poller.SELECT),
     "read_size": ("2048", 2048),
 }
@@ -55,6 +77,13 @@ ALLOWED = {
     "write": "eager|deferred",
     "partial_write": "poll|feed",
     "feed_limit": "an integer from 1 to 1000",
+    "accept": "batch|single|relaxed",
+    "accept_batch": "an integer from 0 to 65535",
+    "exclusive_accept": "1|true|yes|on|0|false|no|off",
+    "keepalive": "1|true|yes|on|0|false|no|off",
+    "keepalive_idle": "an integer from 0 to 32767",
+    "keepalive_interval": "an integer from 0 to 32767",
+    "keepalive_count": "an integer from 0 to 127",
     "poller": "auto|epoll|poll|select",
     "read_size": "an integer from 1024 to 16777216",
 }
@@ -73,6 +102,14 @@ BAD_VALUES = [
     ("feed_limit", 4.0),
     ("feed_limit", True),
     ("feed_limit", -1),
+    ("accept", "balanced-ish"),
+    ("accept", "round-robin"),
+    ("accept_batch", -1),
+    ("accept_batch", "65536"),
+    ("exclusive_accept", "maybe"),
+    ("keepalive", "2"),
+    ("keepalive_idle", -5),
+    ("keepalive_count", "128"),
     ("poller", "kqueue-ish"),
     ("poller", "epol"),
     ("read_size", 1023),
@@ -83,7 +120,7 @@ BAD_VALUES = [
 
 
 def test_field_table_is_the_documented_one() -> None:
-    """Config has exactly the five documented settings, in this order."""
+    """Config has exactly the documented settings, in this order."""
     assert FIELDS == list(DEFAULTS)
 
 
@@ -257,7 +294,7 @@ def test_unknown_keyword_is_a_type_error_listing_known_options() -> None:
         resolve({"writ": "eager", "zzz": 1, "write": "eager"}, environ={})
     assert str(info.value) == (
         "unknown asyncio_relaxed option(s): writ, zzz; "
-        "known: feed_limit, partial_write, poller, read_size, write"
+        "known: " + ", ".join(sorted(FIELDS))
     )
 
 
@@ -323,6 +360,13 @@ def test_describe_has_a_row_per_field() -> None:
         "write": "mode",
         "partial_write": "mode",
         "feed_limit": "iterations",
+        "accept": "strategy",
+        "accept_batch": "connections",
+        "exclusive_accept": "flag",
+        "keepalive": "flag",
+        "keepalive_idle": "seconds",
+        "keepalive_interval": "seconds",
+        "keepalive_count": "probes",
         "poller": "backend",
         "read_size": "bytes",
     }
@@ -332,5 +376,6 @@ def test_describe_has_a_row_per_field() -> None:
         assert unit == units[name]
         assert isinstance(why, str)
         assert len(why.strip()) > 20
-    assert rows[2][2] == 7
-    assert rows[3][2] is Poller.POLL
+    values = {row[0]: row[2] for row in rows}
+    assert values["feed_limit"] == 7
+    assert values["poller"] is Poller.POLL
