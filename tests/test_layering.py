@@ -27,6 +27,7 @@ ALLOWED = {
     "_policy": {"_compat", "_config", "_loop"},
     "__init__": {"_config", "_loop", "_stats", "_policy", "_compat"},
     "__main__": {"__init__", "_config"},
+    "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
 BOTTOM = {"_config", "_stats", "_poller"}
 

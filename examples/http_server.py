@@ -1,0 +1,181 @@
+"""An aiohttp HTTP server on the loop of your choice.
+
+Serve on one loop (Ctrl-C or SIGTERM stops it gracefully)::
+
+    python examples/http_server.py --loop relaxed --write deferred --port 8080
+    curl -i localhost:8080/          # the X-Event-Loop header names the loop class
+    curl localhost:8080/stats        # our loop's settings and statistics()
+
+Serve under gunicorn, each worker making its own loop after the fork
+(settings through gunicorn's raw_env, ``-e``)::
+
+    gunicorn 'examples.http_server:create_app' --workers 2 --bind 127.0.0.1:8080 \\
+        --worker-class asyncio_relaxed.gunicorn.GunicornWebWorker \\
+        -e ASYNCIO_RELAXED_WRITE=deferred
+
+Routes: ``GET /`` says hello; ``GET /4k`` returns 4 KiB; ``POST /echo``
+returns its JSON body; ``GET /stats`` returns the loop's name, the process id
+and, on asyncio_relaxed's loop, its settings and ``statistics()``.  Every
+response carries ``X-Event-Loop``.  With ``--port 0`` the system picks a free
+port; the first line printed is ``{"listening": PORT, "loop": NAME}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import enum
+import json
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+import asyncio_relaxed
+
+LOOPS = ("asyncio", "uvloop", "relaxed")
+FOUR_KIB = b"x" * 4096
+
+
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    cls = type(loop)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def loop_report(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    """What /stats returns: which loop, which process, and our loop's counters."""
+    report: dict[str, Any] = {"loop": loop_name(loop), "pid": os.getpid()}
+    if isinstance(loop, asyncio_relaxed.Loop):
+        config = loop.config
+        report["config"] = {
+            field.name: _plain(getattr(config, field.name)) for field in dataclasses.fields(config)
+        }
+        report["statistics"] = loop.statistics().as_dict()
+    return report
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+# -- the application ------------------------------------------------------------
+
+
+async def hello(request: web.Request) -> web.Response:
+    return web.Response(text="Hello, world!\n")
+
+
+async def four_kib(request: web.Request) -> web.Response:
+    return web.Response(body=FOUR_KIB, content_type="application/octet-stream")
+
+
+async def echo(request: web.Request) -> web.Response:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="POST /echo wants a JSON body\n") from None
+    return web.json_response(data)
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(loop_report(asyncio.get_running_loop()))
+
+
+async def name_the_loop(request: web.Request, response: web.StreamResponse) -> None:
+    # on_response_prepare runs for every response, errors included, so a
+    # client can tell which loop served any request.
+    response.headers["X-Event-Loop"] = loop_name(asyncio.get_running_loop())
+
+
+async def create_app() -> web.Application:
+    """The application; a coroutine function, as aiohttp's gunicorn worker expects."""
+    app = web.Application()
+    app.router.add_get("/", hello)
+    app.router.add_get("/4k", four_kib)
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/stats", stats)
+    app.on_response_prepare.append(name_the_loop)
+    return app
+
+
+# -- running it -----------------------------------------------------------------
+
+
+def make_loop_factory(
+    name: str, write: str | None, partial_write: str | None
+) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """A zero-argument loop factory for *name*; None if it is not installed."""
+    if name == "asyncio":
+        return asyncio.SelectorEventLoop
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return None
+        return uvloop.new_event_loop  # type: ignore[no-any-return]
+    options = {k: v for k, v in (("write", write), ("partial_write", partial_write)) if v}
+    return lambda: asyncio_relaxed.new_event_loop(**options)
+
+
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    # Bound here rather than by run_app so that --port 0 can report the port
+    # it got before serving: connections made meanwhile wait in the backlog.
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loop", choices=LOOPS, default="relaxed")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("--backlog", type=int, default=1024)
+    parser.add_argument(
+        "--write",
+        choices=[m.value for m in asyncio_relaxed.WriteMode],
+        help="relaxed write mode (default: ASYNCIO_RELAXED_WRITE, else eager)",
+    )
+    parser.add_argument(
+        "--partial-write",
+        choices=[m.value for m in asyncio_relaxed.PartialWrite],
+        help="relaxed short-write policy (default: ASYNCIO_RELAXED_PARTIAL_WRITE, else poll)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get to finish after SIGINT/SIGTERM",
+    )
+    args = parser.parse_args(argv)
+    if args.loop != "relaxed" and (args.write or args.partial_write):
+        parser.error("--write and --partial-write apply to --loop relaxed only")
+    factory = make_loop_factory(args.loop, args.write, args.partial_write)
+    if factory is None:
+        parser.error(f"--loop {args.loop}: not installed")
+    loop = factory()
+    sock = listen(args.host, args.port, args.backlog)
+    print(json.dumps({"listening": sock.getsockname()[1], "loop": loop_name(loop)}), flush=True)
+    # run_app installs SIGINT and SIGTERM handlers on the loop (GracefulExit):
+    # it stops accepting, gives in-flight requests shutdown_timeout, runs the
+    # app's cleanup, then closes the loop.  It returns normally, so the exit
+    # status is 0.
+    web.run_app(
+        create_app(),
+        sock=sock,
+        loop=loop,
+        backlog=args.backlog,
+        shutdown_timeout=args.shutdown_timeout,
+        print=None,
+        access_log=None,
+    )
+    report: dict[str, Any] = {"stopped": loop_name(loop)}
+    if isinstance(loop, asyncio_relaxed.Loop):
+        report["statistics"] = loop.statistics().as_dict()  # readable after close()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
