@@ -1,9 +1,9 @@
 """An echo server on the loop of your choice, and a side-by-side comparison.
 
 Serve (Ctrl-C prints the server's CPU time and, for our loop, statistics()
-per request)::
+per request of --size bytes)::
 
-    python examples/echo_server.py serve --loop relaxed --api protocol --port 25000
+    python examples/echo_server.py serve --loop relaxed --api protocol --port 25000 --size 1024
 
 Compare loops on one workload, each server pinned to CPU 0 and the client
 to CPU 1, loops interleaved, median of the repeats::
@@ -51,11 +51,15 @@ def make_loop_factory(name: str, write: str | None, partial_write: str | None) -
 # -- the server -----------------------------------------------------------------
 
 
+ECHOED = [0]  # bytes echoed by this server process, for the per-request report
+
+
 class EchoProtocol(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        ECHOED[0] += len(data)
         self.transport.write(data)
 
 
@@ -71,11 +75,13 @@ class EchoBufferedProtocol(asyncio.BufferedProtocol):
         return self.view
 
     def buffer_updated(self, nbytes: int) -> None:
+        ECHOED[0] += nbytes
         self.transport.write(self.view[:nbytes])  # our loop copies what it keeps
 
 
 async def echo_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     while data := await reader.read(256 * 1024):
+        ECHOED[0] += len(data)
         writer.write(data)
         await writer.drain()
     writer.close()
@@ -104,6 +110,15 @@ async def serve(args: argparse.Namespace) -> None:
     if before is not None:
         report["statistics"] = (loop.statistics() - before).as_dict()
     server.close()
+    if args.size:
+        # Per request, where a request is one --size message echoed.
+        requests = ECHOED[0] / args.size
+        report["requests"] = requests
+        if requests:
+            report["cpu_us_per_request"] = report["cpu_seconds"] * 1e6 / requests
+            for name, value in report.get("statistics", {}).items():
+                if isinstance(value, int):
+                    print(f"{name:>18} per request: {value / requests:8.3f}", file=sys.stderr)
     print(json.dumps(report), flush=True)
 
 
@@ -175,13 +190,14 @@ async def load(port: int, size: int, clients: int, duration: float) -> dict[str,
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     loop_name, _, write = name.partition("-")
     command = [sys.executable, __file__, "serve", "--loop", loop_name, "--api", args.api,
-               "--port", "0"]
+               "--port", "0", "--size", str(args.size)]
     if write:
         command += ["--write", write]
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     server_cpu, client_cpu = (cpus[0], cpus[-1]) if len(cpus) >= 2 else (None, None)
     preexec = (lambda: os.sched_setaffinity(0, {server_cpu})) if server_cpu is not None else None
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=preexec)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, preexec_fn=preexec)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -254,6 +270,8 @@ def main() -> None:
     s.add_argument("--port", type=int, default=25000)
     s.add_argument("--write", choices=("eager", "deferred"), help="relaxed write mode")
     s.add_argument("--partial-write", choices=("poll", "feed"), help="relaxed short-write policy")
+    s.add_argument("--size", type=int, default=0,
+                   help="message size: on exit, print statistics() per request (stderr)")
     c = sub.add_parser("compare", help="run the same echo load against each loop")
     c.add_argument("--loops", default="asyncio,uvloop,relaxed-eager,relaxed-deferred")
     c.add_argument("--api", choices=("protocol", "buffered", "streams"), default="protocol")
