@@ -289,7 +289,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         self._remove_reader(fd)
         self.call_later(
             _compat.ACCEPT_RETRY_DELAY,
-            self._start_serving,
+            self._resume_serving,
             protocol_factory,
             sock,
             sslcontext,
@@ -297,6 +297,21 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             backlog,
             *timeouts,
         )
+
+    def _resume_serving(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        *timeouts: Any,
+    ) -> None:
+        """The back-off is over: poll the listener again, unless it was closed
+        meanwhile (stock retries on the closed socket and reports ValueError)."""
+        if sock.fileno() < 0 or (server is not None and not server.is_serving()):
+            return
+        self._start_serving(protocol_factory, sock, sslcontext, server, backlog, *timeouts)
 
     # -- the iteration ------------------------------------------------------
 
@@ -343,8 +358,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if self._write_queue:
             self._flush_writes(include_feeds=False)
 
+        # The flush above can queue writes again (a resume_writing() that
+        # writes): they must not wait for an unrelated event, so no blocking.
         timeout: float | None = None
-        if self._ready or self._stopping or self._feed_queue:
+        if self._ready or self._stopping or self._feed_queue or self._write_queue:
             timeout = 0
         elif scheduled:
             # Compute the desired timeout.

@@ -547,7 +547,12 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         waiter = self._empty_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self._conn_lost:
+            # close() or abort() from resume_writing() already scheduled
+            # connection_lost; running it here too would tear down twice.
+            return
         if self._closing:
+            self._conn_lost += 1
             self._call_connection_lost(None)
         elif self._eof:
             self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
