@@ -371,3 +371,23 @@ def test_pause_resume_reading_flags(loop: asyncio.AbstractEventLoop) -> None:
         b.close()
 
     run(loop, main())
+
+
+def test_write_after_close_is_delivered_while_buffered(loop: asyncio.AbstractEventLoop) -> None:
+    """As stock and uvloop: close() keeps the connection until the buffer is out,
+    and a write() made before that is delivered before the FIN."""
+
+    async def main() -> None:
+        a, b = stalled_pair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        transport.write(b"x" * (1024 * 1024))
+        transport.close()
+        transport.write(b"LATE")
+        received = await read_to_eof(b)
+        assert len(received) == 1024 * 1024 + 4
+        assert received.endswith(b"LATE")
+        await proto.lost
+        b.close()
+
+    run(loop, main())
