@@ -29,24 +29,7 @@ import sys
 import time
 from typing import Any
 
-LOOPS = ("asyncio", "uvloop", "relaxed")
-
-
-def make_loop_factory(name: str, write: str | None, partial_write: str | None) -> Any:
-    """A zero-argument loop factory for *name*; None if it is not installed."""
-    if name == "asyncio":
-        return asyncio.SelectorEventLoop
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        return uvloop.new_event_loop
-    import asyncio_relaxed
-
-    options = {k: v for k, v in (("write", write), ("partial_write", partial_write)) if v}
-    return lambda: asyncio_relaxed.new_event_loop(**options)
-
+from _loops import LOOPS, make_loop_factory
 
 # -- the server -----------------------------------------------------------------
 

@@ -29,14 +29,12 @@ import enum
 import json
 import os
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 import asyncio_relaxed
 
-LOOPS = ("asyncio", "uvloop", "relaxed")
 FOUR_KIB = b"x" * 4096
 
 
@@ -104,22 +102,6 @@ async def create_app() -> web.Application:
 # -- running it -----------------------------------------------------------------
 
 
-def make_loop_factory(
-    name: str, write: str | None, partial_write: str | None
-) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """A zero-argument loop factory for *name*; None if it is not installed."""
-    if name == "asyncio":
-        return asyncio.SelectorEventLoop
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        return uvloop.new_event_loop  # type: ignore[no-any-return]
-    options = {k: v for k, v in (("write", write), ("partial_write", partial_write)) if v}
-    return lambda: asyncio_relaxed.new_event_loop(**options)
-
-
 def listen(host: str, port: int, backlog: int) -> socket.socket:
     # Bound here rather than by run_app so that --port 0 can report the port
     # it got before serving: connections made meanwhile wait in the backlog.
@@ -128,6 +110,10 @@ def listen(host: str, port: int, backlog: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Imported here: gunicorn imports this module as examples.http_server for
+    # create_app(), where the scripts' folder is not on sys.path.
+    from _loops import LOOPS, make_loop_factory
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loop", choices=LOOPS, default="relaxed")
     parser.add_argument("--host", default="127.0.0.1")
