@@ -235,3 +235,41 @@ def test_exclusive_accept_registers_listeners_with_epollexclusive(exclusive: boo
         stop(loop, server)
     finally:
         loop.close()
+
+
+def test_pending_connect_leaves_the_loop_blocking() -> None:
+    """A connect stuck in EINPROGRESS (the listener's accept queue is full) must
+    not make the loop spin (libuv "fix EINPROGRESS busy loop")."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted from: the queue fills at once
+    address = listener.getsockname()
+    fillers: list[socket.socket] = []
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        # Fill the accept queue until a handshake no longer completes.
+        for _ in range(64):
+            try:
+                fillers.append(socket.create_connection(address, timeout=0.2))
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("the accept queue never filled")
+        pending = socket.socket()
+        pending.setblocking(False)
+        fillers.append(pending)
+
+        async def attempt() -> None:
+            await asyncio.wait_for(loop.sock_connect(pending, address), 0.5)
+
+        before = loop.statistics()
+        with pytest.raises(asyncio.TimeoutError):  # still pending: not refused, not done
+            run(loop, attempt())
+        delta = loop.statistics() - before
+        # Blocking waits: a handful of iterations in 0.5 s, not thousands.
+        assert delta.iterations < 20, delta
+    finally:
+        loop.close()
+        for s in fillers:
+            s.close()
+        listener.close()
