@@ -42,7 +42,7 @@ _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOM
 
 # Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
 # to the sockets accept() returns; checked with getsockopt in the tests.
-_ACCEPTED_INHERIT_NODELAY = sys.platform.startswith("linux")
+_ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
@@ -162,7 +162,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     ) -> None:
         # TCP_NODELAY and the keepalive options once on the listener instead
         # of once per connection: Linux copies them to every accepted socket.
-        if _ACCEPTED_INHERIT_NODELAY and is_tcp(sock):
+        if _ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock):
             set_options(sock, [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1), *self._tcp_sockopts])
         if self._config.exclusive_accept:
             self._selector.exclusive(sock.fileno())
@@ -238,7 +238,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             protocol = protocol_factory()
             transport = SocketTransport(
                 self, conn, protocol, None, extra, server,
-                inherited_options=_ACCEPTED_INHERIT_NODELAY and is_tcp(conn),
+                inherited_options=_ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(conn),
             )
         except (SystemExit, KeyboardInterrupt):
             raise

@@ -384,9 +384,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         self._append(data)
         if not (self._queued or self._polling_write or self._sending):
-            stats.writes_deferred += 1
-            self._queued = True
-            self._loop._write_queue.append(self)
+            self._queue_write()
         self._check_high_water()
 
     def writelines(self, list_of_data: Any) -> None:
@@ -407,22 +405,26 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._drop_write_after_loss()
             return
         self._stats.writes += 1
-        was_idle = not self._buffer
         for data in chunks:
             self._append(data)
         if self._queued or self._polling_write or self._sending:
             self._check_high_water()
-        elif was_idle and not self._deferred:
-            # One sendmsg for all of it, as stock 3.12+ does; unlike stock
-            # 3.12.0-3.12.8 the protocol is paused if it stays buffered
-            # (gh-127655: unbounded buffer growth).
+        elif not self._deferred:
+            # Idle before (a buffer is only ever non-empty while queued,
+            # polling or sending): one sendmsg for all of it, as stock 3.12+
+            # does; unlike stock 3.12.0-3.12.8 the protocol is paused if it
+            # stays buffered (gh-127655: unbounded buffer growth).
             self._write_now()
             self._maybe_pause_protocol()
         else:
-            self._stats.writes_deferred += 1
-            self._queued = True
-            self._loop._write_queue.append(self)
+            self._queue_write()
             self._check_high_water()
+
+    def _queue_write(self) -> None:
+        """Join the loop's write queue: sent after this iteration's callbacks."""
+        self._stats.writes_deferred += 1
+        self._queued = True
+        self._loop._write_queue.append(self)
 
     def _drop_write_after_loss(self) -> None:
         """A write after the connection was lost: dropped, as in stock (which

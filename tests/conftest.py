@@ -39,6 +39,16 @@ LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop] | None] = {
 }
 
 
+class Echo(asyncio.Protocol):
+    """Writes back whatever it receives."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
 class LoopErrors:
     """Records exception-handler calls; unexpected ones fail the test."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -131,38 +132,47 @@ def test_protocol_factory_error_closes_the_connection(clients: list[socket.socke
         loop.close()
 
 
+def check_three_sockets(
+    loop: asyncio_relaxed.Loop, check: Callable[[socket.socket, Any, Any], None]
+) -> None:
+    """Run *check(listener, accepted, client)* on a real loopback connection."""
+    accepted: list[asyncio.BaseTransport] = []
+
+    class Keep(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted.append(transport)
+
+    async def main() -> None:
+        server = await loop.create_server(Keep, "127.0.0.1", 0)
+        listener = server.sockets[0]
+        port = listener.getsockname()[1]
+        client, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        while not accepted:
+            await asyncio.sleep(0)
+        check(listener, accepted[0].get_extra_info("socket"), client.get_extra_info("socket"))
+        client.close()
+        accepted[0].close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
 @pytest.mark.parametrize("write", ["eager", "deferred"])
 def test_nodelay_on_listener_accepted_and_client_sockets(write: str) -> None:
     loop = asyncio_relaxed.new_event_loop(write=write)
+    nodelay = (socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    reuse = (socket.SOL_SOCKET, socket.SO_REUSEADDR)
+
+    def check(listener: socket.socket, server_side: Any, client_side: Any) -> None:
+        assert listener.getsockopt(*nodelay) == 1  # set once, on the listener
+        assert server_side.getsockopt(*nodelay) == 1  # inherited from it
+        assert client_side.getsockopt(*nodelay) == 1  # set by the transport
+        assert listener.getsockopt(*reuse) == 1
+        assert client_side.getsockopt(*reuse) == 0
+
     try:
-        accepted: list[asyncio.BaseTransport] = []
-
-        class Keep(asyncio.Protocol):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                accepted.append(transport)
-
-        async def main() -> None:
-            server = await loop.create_server(Keep, "127.0.0.1", 0)
-            listener = server.sockets[0]
-            port = listener.getsockname()[1]
-            client, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
-            while not accepted:
-                await asyncio.sleep(0)
-            nodelay = (socket.IPPROTO_TCP, socket.TCP_NODELAY)
-            reuse = (socket.SOL_SOCKET, socket.SO_REUSEADDR)
-            server_side = accepted[0].get_extra_info("socket")
-            client_side = client.get_extra_info("socket")
-            assert listener.getsockopt(*nodelay) == 1  # set once, on the listener
-            assert server_side.getsockopt(*nodelay) == 1  # inherited from it
-            assert client_side.getsockopt(*nodelay) == 1  # set by the transport
-            assert listener.getsockopt(*reuse) == 1
-            assert client_side.getsockopt(*reuse) == 0
-            client.close()
-            accepted[0].close()
-            server.close()
-            await server.wait_closed()
-
-        run(loop, main())
+        check_three_sockets(loop, check)
     finally:
         loop.close()
 
@@ -177,33 +187,14 @@ def test_keepalive_knobs_on_listener_accepted_and_client_sockets() -> None:
         (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL): 5,
         (socket.IPPROTO_TCP, socket.TCP_KEEPCNT): 3,
     }
+
+    def check(listener: socket.socket, server_side: Any, client_side: Any) -> None:
+        for sock in (listener, server_side, client_side):
+            got = {key: sock.getsockopt(*key) for key in expected}
+            assert got == expected, sock
+
     try:
-        accepted: list[asyncio.BaseTransport] = []
-
-        class Keep(asyncio.Protocol):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                accepted.append(transport)
-
-        async def main() -> None:
-            server = await loop.create_server(Keep, "127.0.0.1", 0)
-            listener = server.sockets[0]
-            port = listener.getsockname()[1]
-            client, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
-            while not accepted:
-                await asyncio.sleep(0)
-            for sock in (
-                listener,
-                accepted[0].get_extra_info("socket"),
-                client.get_extra_info("socket"),
-            ):
-                got = {key: sock.getsockopt(*key) for key in expected}
-                assert got == expected, sock
-            client.close()
-            accepted[0].close()
-            server.close()
-            await server.wait_closed()
-
-        run(loop, main())
+        check_three_sockets(loop, check)
     finally:
         loop.close()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run, stalled_pair
+from conftest import Echo, run, stalled_pair
 
 
 class Recorder(asyncio.Protocol):
@@ -47,14 +47,6 @@ class Recorder(asyncio.Protocol):
         self.calls.append("connection_lost")
         if not self.lost.done():
             self.lost.set_result(exc)
-
-
-class Echo(asyncio.Protocol):
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.transport.write(data)
 
 
 async def drain_socket(sock: socket.socket, nbytes: int) -> bytes:

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 import pytest
 
 import asyncio_relaxed
-from conftest import LoopErrors, run
+from conftest import Echo, LoopErrors, run
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
@@ -99,14 +99,6 @@ class Recorder(asyncio.Protocol):
             self._want = (nbytes, fut)
             await fut
         return bytes(self.data)
-
-
-class Echo(asyncio.Protocol):
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.transport.write(data)
 
 
 async def serve(
