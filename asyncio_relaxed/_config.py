@@ -71,6 +71,12 @@ class AcceptStrategy(str, enum.Enum):
     #: One accept, then give up the CPU (nanosleep 1 ns, libuv 2012's relaxed
     #: accept) so a sibling process sharing the socket takes the next one.
     RELAXED = "relaxed"
+    #: One accept per event, but a worker that holds more than its share of
+    #: the load first takes the listener out of the poller for a short delay
+    #: that grows with its load, so a less-loaded sibling process woken by
+    #: the same connection takes it (nginx's accept_disabled is the precedent;
+    #: the theory of operation is in _loop.py, above BalancedGate).
+    BALANCED = "balanced"
 
     def __str__(self) -> str:
         return self.value
@@ -131,7 +137,8 @@ class Config:
             "batch is stock asyncio's: the most connections per wake-up for one "
             "process. single and relaxed trade accept throughput for an even "
             "spread across processes sharing a listener (libuv measured relaxed "
-            "at 3,944 vs 12,331 req/s in node http_simple_auto and turned it off)."
+            "at 3,944 vs 12,331 req/s in node http_simple_auto and turned it off); "
+            "balanced defers accepts in a worker that holds more than its share."
         ),
     )
     accept_batch: int = _field(

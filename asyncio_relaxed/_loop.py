@@ -44,6 +44,112 @@ _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOM
 # to the sockets accept() returns; checked with getsockopt in the tests.
 _ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 
+# -- balanced accept: theory of operation --------------------------------------
+#
+# Pre-forked workers sharing one listening socket each poll it in their own
+# epoll set, so one incoming connection wakes every idle worker and whichever
+# runs first takes it.  Nothing in that race looks at load: the worker the
+# scheduler favours (often the one already on the CPU) takes connection after
+# connection.  nginx fixes this with accept_disabled = connections/8 -
+# free_connections: a worker past 7/8 of its capacity skips accepting, so its
+# siblings, woken by the same event, win.
+#
+# accept=balanced turns that into a race the least-loaded worker wins, with
+# no shared memory (the loop is made after fork() by code that did not make
+# the listener, so there is no place to put a shared counter; a file or an
+# mmap would need the cooperation of whoever forks).  Each worker knows only
+# its own load:
+#
+#   load = open connections of the listener's server + heat,
+#   heat = this worker's accepts, each decaying with a half-life of
+#          BALANCED_HEAT_HALF_LIFE (so it says "I took one just now").
+#
+# When the listener is reported ready, a worker whose load is below
+# BALANCED_IDLE_LOAD accepts one connection at once (the fast path: one
+# float update and a comparison more than accept=single).  A loaded worker
+# takes the listener out of its poller and retries after
+# min(load * BALANCED_DELAY_PER_LOAD, BALANCED_MAX_DELAY): meanwhile a
+# sibling with less load, woken by the same connection, accepts it at once
+# or after a shorter delay, and the loaded worker's retry finds the queue
+# empty (one wasted accept, EAGAIN).  If nobody took it, the loaded worker
+# does: a lone process or a set of equally loaded ones only pays the delay,
+# never loses a connection.  The retry accepts one connection and puts the
+# listener back, so the next connection is decided again.
+#
+# A worker that keeps winning its retries uncontested (no sibling is less
+# loaded, or there is no sibling) halves a scale factor on its delays, down
+# to BALANCED_MIN_SCALE; a retry that finds the queue empty (a sibling took
+# it: the delay did its job) doubles it back up to 1.  So a single process
+# stops paying for delays that buy nothing, while pre-forked workers keep
+# them.  The retry never touches a listener that was closed meanwhile:
+# Server.close() cancels it (_stop_serving), and it checks the socket too.
+
+#: Half-life of the heat, in seconds.  Short: heat marks the worker that took
+#: the last connections, so under light load (one connection at a time, no
+#: open transports anywhere) the next one goes to a sibling.
+BALANCED_HEAT_HALF_LIFE = 0.002
+#: Load (open transports + heat) below which a worker accepts at once.  Below
+#: one: a worker with one open connection, or one taken in the last half-life,
+#: is loaded.
+BALANCED_IDLE_LOAD = 0.5
+#: Seconds of delay per unit of load: long enough for a woken sibling on the
+#: same CPU to be scheduled and accept (a context switch and an iteration of
+#: a Python loop take tens of microseconds).
+BALANCED_DELAY_PER_LOAD = 100e-6
+#: The longest delay, in seconds: what a lone loaded worker may add to a
+#: connection's latency (nginx retries a disabled accept within its timer
+#: resolution, about a millisecond to 500 ms).
+BALANCED_MAX_DELAY = 0.002
+#: The smallest scale of the delays after uncontested retries; delays below
+#: BALANCED_MIN_DELAY seconds are not worth a timer and mean "accept at once".
+BALANCED_MIN_SCALE = 1 / 64
+BALANCED_MIN_DELAY = 20e-6
+
+
+class BalancedGate:
+    """The per-loop state of accept=balanced (see the theory of operation)."""
+
+    __slots__ = ("contested", "heat", "scale", "stamp", "uncontested")
+
+    def __init__(self) -> None:
+        self.heat = 0.0  # decayed accepts as of self.stamp
+        self.stamp = 0.0  # time.monotonic() of the last heat update
+        self.scale = 1.0  # factor on the delays, BALANCED_MIN_SCALE..1
+        self.contested = 0  # retries a sibling won (statistics for tests)
+        self.uncontested = 0  # retries that accepted after the delay
+
+    def cool(self, now: float) -> float:
+        """The heat at *now*, decayed since the last update."""
+        heat = self.heat
+        if heat:
+            heat *= 2.0 ** ((self.stamp - now) / BALANCED_HEAT_HALF_LIFE)
+            if heat < 1e-3:
+                heat = 0.0
+            self.heat = heat
+        self.stamp = now
+        return heat
+
+    def delay(self, open_transports: int, now: float) -> float:
+        """Seconds to wait before accepting; 0 to accept at once."""
+        load = open_transports + self.cool(now)
+        if load < BALANCED_IDLE_LOAD:
+            return 0.0
+        delay = min(load * BALANCED_DELAY_PER_LOAD, BALANCED_MAX_DELAY) * self.scale
+        return delay if delay >= BALANCED_MIN_DELAY else 0.0
+
+    def accepted(self) -> None:
+        """One connection accepted (call after delay(), which set stamp)."""
+        self.heat += 1.0
+
+    def retried(self, won: bool) -> None:
+        """A delayed accept found a connection (won) or a sibling took it."""
+        if won:
+            self.uncontested += 1
+            self.scale = max(self.scale * 0.5, BALANCED_MIN_SCALE)
+        else:
+            self.contested += 1
+            self.scale = min(self.scale * 2.0, 1.0)
+
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     """A drop-in asyncio event loop; see the package docs for the options.
@@ -86,6 +192,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         ]
         # Listener fds in an accept-resource-error episode (reported once).
         self._accept_failing: set[int] = set()
+        # accept=balanced: the load score, and the retry timer per listener fd
+        # while that listener is out of the poller.
+        self._balanced = BalancedGate()
+        self._accept_delayed: dict[int, Any] = {}
         # The one receive buffer of every plain-Protocol transport.
         self._read_buffer = bytearray(config.read_size)
         self._read_view = memoryview(self._read_buffer)
@@ -182,53 +292,130 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         batch: up to accept_batch (default: the backlog) accepts, the last one
         usually a wasted EAGAIN (stock, bpo-27906).  single and relaxed: one;
         the poller reports the listener again while more are queued.
+        balanced: one, at once or after a delay (see BalancedGate).
         """
         if not timeouts:
             timeouts = _compat.DEFAULT_SSL_TIMEOUTS
         config = self._config
         strategy = config.accept
-        budget = (config.accept_batch or backlog) if strategy is AcceptStrategy.BATCH else 1
-        stats = self._stats
+        if strategy is AcceptStrategy.BATCH:
+            budget = config.accept_batch or backlog
+        elif strategy is AcceptStrategy.BALANCED:
+            gate = self._balanced
+            # The server's count of its open transports (attached in the
+            # transport's __init__, detached at connection_lost): exact, where
+            # len(self._transports) keeps closed transports until collected.
+            active = getattr(server, "_active_count", 0) if server is not None else 0
+            delay = gate.delay(active, time.monotonic())
+            if delay:
+                fd = sock.fileno()
+                self._remove_reader(fd)
+                self._accept_delayed[fd] = self.call_later(
+                    delay, self._accept_delayed_retry,
+                    protocol_factory, sock, sslcontext, server, backlog, timeouts,
+                )
+                return
+            if self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
+                gate.accepted()
+            return
+        else:
+            budget = 1
+        relaxed = strategy is AcceptStrategy.RELAXED
         for _ in range(budget):
-            stats.accept += 1
-            try:
-                conn, addr = sock.accept()
-                if self._debug:
-                    _compat.loop_logger().debug(
-                        "%r got a new connection from %r: %r", server, addr, conn
-                    )
-                conn.setblocking(False)
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                stats.accept_eagain += 1  # the accept queue is empty
+            if not self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
                 return
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_RESOURCE_ERRNOS:
-                    raise  # The event loop will catch, log and ignore it.
-                self._accept_starved(exc, protocol_factory, sock, sslcontext, server,
-                                     backlog, timeouts)
-                return
-            self._accept_failing.discard(sock.fileno())
-            extra = {"peername": addr}
-            if sslcontext:
-                self.create_task(
-                    self._accept_connection2(
-                        protocol_factory, conn, extra, sslcontext, server, *timeouts
-                    )
-                )
-            else:
-                # Plain TCP needs no Task: nothing is awaited before the
-                # protocol owns the connection (stock's task only awaits the
-                # connection_made callback).  A context copy per connection
-                # keeps the task's isolation of context variables.
-                contextvars.copy_context().run(
-                    self._accept_plain, protocol_factory, conn, extra, server
-                )
-            if strategy is AcceptStrategy.RELAXED:
+            if relaxed:
                 # Give up the time slice so a sibling process sharing the
                 # listener wins the next connection: nanosleep, not
                 # sched_yield, which yields only to processes on this CPU
                 # (libuv 2012, "unix: add relaxed accept() setting").
                 time.sleep(1e-9)
+
+    def _accept_one(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+    ) -> bool | None:
+        """One accept(): True when it gave a connection (now being served),
+        False when the queue was empty, None after a resource error (the
+        listener is then out of the poller until _accept_starved's retry)."""
+        stats = self._stats
+        stats.accept += 1
+        try:
+            conn, addr = sock.accept()
+            if self._debug:
+                _compat.loop_logger().debug(
+                    "%r got a new connection from %r: %r", server, addr, conn
+                )
+            conn.setblocking(False)
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            stats.accept_eagain += 1  # the accept queue is empty
+            return False
+        except OSError as exc:
+            if exc.errno not in _ACCEPT_RESOURCE_ERRNOS:
+                raise  # The event loop will catch, log and ignore it.
+            self._accept_starved(exc, protocol_factory, sock, sslcontext, server,
+                                 backlog, timeouts)
+            return None
+        if self._accept_failing:
+            self._accept_failing.discard(sock.fileno())
+        extra = {"peername": addr}
+        if sslcontext:
+            self.create_task(
+                self._accept_connection2(
+                    protocol_factory, conn, extra, sslcontext, server, *timeouts
+                )
+            )
+        else:
+            # Plain TCP needs no Task: nothing is awaited before the
+            # protocol owns the connection (stock's task only awaits the
+            # connection_made callback).  A context copy per connection
+            # keeps the task's isolation of context variables.
+            contextvars.copy_context().run(
+                self._accept_plain, protocol_factory, conn, extra, server
+            )
+        return True
+
+    def _accept_delayed_retry(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+    ) -> None:
+        """accept=balanced: the delay is over; accept one, poll the listener again.
+
+        Server.close() cancels this timer (_stop_serving); the checks below
+        cover a listener closed some other way: nothing touches a closed fd.
+        """
+        fd = sock.fileno()
+        self._accept_delayed.pop(fd, None)
+        if fd < 0 or (server is not None and not server.is_serving()):
+            return
+        gate = self._balanced
+        won = self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts)
+        if won is None:
+            return  # EMFILE and friends: _accept_starved owns the retry now
+        if won:
+            gate.cool(time.monotonic())
+            gate.accepted()
+        gate.retried(won)
+        if sock.fileno() >= 0:
+            self._add_reader(fd, self._accept_connection, protocol_factory, sock,
+                             sslcontext, server, backlog, *timeouts)
+
+    def _stop_serving(self, sock: socket.socket) -> None:
+        # A delayed accept=balanced retry must not outlive its listener.
+        handle = self._accept_delayed.pop(sock.fileno(), None)
+        if handle is not None:
+            handle.cancel()
+        super()._stop_serving(sock)
 
     def _accept_plain(
         self, protocol_factory: Any, conn: socket.socket, extra: dict[str, Any], server: Any

@@ -4,6 +4,7 @@ connection, and socket options read back with getsockopt."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from conftest import iterate, run
+from asyncio_relaxed import _loop
+from conftest import LoopErrors, iterate, run
 
 
 class Counting(asyncio.Protocol):
@@ -264,3 +266,261 @@ def test_pending_connect_leaves_the_loop_blocking() -> None:
         for s in fillers:
             s.close()
         listener.close()
+
+
+# -- accept=balanced ----------------------------------------------------------------
+
+
+def test_balanced_gate_without_sockets() -> None:
+    """The load score: idle accepts at once, heat decays, delays are capped and
+    shrink after uncontested retries, grow back after contested ones."""
+    gate = _loop.BalancedGate()
+    assert gate.delay(0, 100.0) == 0  # nothing open, nothing taken: at once
+    gate.accepted()
+    one = gate.delay(0, 100.0)
+    assert one > 0  # took one just now: loaded
+    assert gate.delay(3, 100.0) > one  # more open connections: a longer delay
+    assert gate.delay(10**6, 100.0) == _loop.BALANCED_MAX_DELAY
+    # Ten half-lives later the heat is gone: at once again.
+    assert gate.delay(0, 100.0 + 10 * _loop.BALANCED_HEAT_HALF_LIFE) == 0
+    gate.retried(won=True)
+    assert gate.delay(10**6, 200.0) == _loop.BALANCED_MAX_DELAY / 2
+    for _ in range(100):
+        gate.retried(won=True)
+    assert gate.scale == _loop.BALANCED_MIN_SCALE
+    for _ in range(100):
+        gate.retried(won=False)
+    assert gate.scale == 1
+    assert (gate.uncontested, gate.contested) == (101, 100)
+
+
+class SharedListener:
+    """Two balanced loops serving one listening socket, as pre-forked workers
+    do (the same open file, polled by two epoll sets), in one thread."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(100)
+        self.address = self.listener.getsockname()
+        self.loops = [asyncio_relaxed.new_event_loop(accept="balanced") for _ in range(2)]
+        self.servers = [
+            run(loop, loop.create_server(Counting, sock=self.listener.dup()))
+            for loop in self.loops
+        ]
+        for loop in self.loops:
+            iterate(loop, 1)
+        self.clients: list[socket.socket] = []
+
+    def connect(self) -> socket.socket:
+        client = socket.create_connection(self.address)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for loop, server in zip(self.loops, self.servers, strict=True):
+            stop(loop, server)
+            loop.close()
+        self.listener.close()
+
+
+def accepts(loop: asyncio_relaxed.Loop, before: Any) -> tuple[int, int]:
+    delta = loop.statistics() - before
+    return delta.accept, delta.accept_eagain
+
+
+def listening(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> bool:
+    try:
+        loop._selector.get_key(server.sockets[0].fileno())
+    except KeyError:
+        return False
+    return True
+
+
+def retry_handles(loop: asyncio_relaxed.Loop) -> list[Any]:
+    return [
+        h for h in loop._scheduled
+        if not h.cancelled() and getattr(h._callback, "__name__", "") == "_accept_delayed_retry"
+    ]
+
+
+def test_balanced_unloaded_accepts_one_per_event(clients: list[socket.socket]) -> None:
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    try:
+        server = start(loop)
+        connect(server, clients, 3)
+        before = loop.statistics()
+        iterate(loop, 1)
+        assert accepts(loop, before) == (1, 0)  # one per event, no wasted EAGAIN
+        stop(loop, server)
+    finally:
+        loop.close()
+
+
+def test_balanced_loaded_worker_defers_and_the_unloaded_one_takes_it() -> None:
+    shared = SharedListener()
+    (a, b), (server_a, _) = shared.loops, shared.servers
+    try:
+        shared.connect()
+        before = a.statistics()
+        iterate(a, 1)
+        assert accepts(a, before) == (1, 0)  # unloaded: at once
+        iterate(a, 2)  # connection_made; a now holds one connection
+
+        shared.connect()
+        before_a, before_b = a.statistics(), b.statistics()
+        iterate(a, 1)
+        assert accepts(a, before_a) == (0, 0)  # loaded: no accept, a retry timer
+        assert len(retry_handles(a)) == 1 and not listening(a, server_a)
+        iterate(b, 1)
+        assert accepts(b, before_b) == (1, 0)  # the unloaded sibling takes it
+
+        # a's retry: one accept, EAGAIN (b won: contested), listener back.
+        run(a, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
+        assert accepts(a, before_a) == (1, 1)
+        assert a._balanced.contested == 1
+        assert listening(a, server_a) and not retry_handles(a)
+    finally:
+        shared.close()
+
+
+def test_balanced_lone_loaded_worker_still_accepts_and_resumes(
+    clients: list[socket.socket],
+) -> None:
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    try:
+        server = start(loop)
+        connect(server, clients, 2)
+        before = loop.statistics()
+        iterate(loop, 1)
+        assert accepts(loop, before) == (1, 0)
+        iterate(loop, 1)  # loaded now: the second one waits for the retry
+        assert accepts(loop, before) == (1, 0) and not listening(loop, server)
+        run(loop, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
+        assert accepts(loop, before) == (2, 0)  # nobody else took it: we do
+        assert loop._balanced.uncontested == 1 and listening(loop, server)
+
+        # Load gone (connections closed, heat decayed): at once again.
+        for client in clients:
+            client.close()
+        clients.clear()
+        run(loop, asyncio.sleep(20 * _loop.BALANCED_HEAT_HALF_LIFE))
+        assert server._active_count == 0  # type: ignore[attr-defined]
+        connect(server, clients, 1)
+        before = loop.statistics()
+        iterate(loop, 1)
+        assert accepts(loop, before) == (1, 0)
+        stop(loop, server)
+    finally:
+        loop.close()
+
+
+def test_balanced_server_close_during_the_delay_cancels_the_retry(
+    clients: list[socket.socket], loop_errors: LoopErrors
+) -> None:
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    loop.set_exception_handler(loop_errors.handler)
+    try:
+        server = start(loop)
+        connect(server, clients, 2)
+        iterate(loop, 2)
+        before = loop.statistics()
+        assert retry_handles(loop)  # the second connection waits for a retry
+        listener = server.sockets[0]
+        server.close()
+        assert listener.fileno() == -1
+        assert not retry_handles(loop) and not loop._accept_delayed
+        run(loop, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
+        assert accepts(loop, before) == (0, 0)  # nothing touched the closed socket
+        stop(loop, server)
+    finally:
+        loop.close()
+    loop_errors.check()
+
+
+class StarvedListener:
+    """A listener whose accept() fails with EMFILE; fileno() is a real fd."""
+
+    def __init__(self, real: socket.socket) -> None:
+        self.real = real
+        self.calls = 0
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def accept(self) -> Any:
+        self.calls += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.mark.parametrize("loaded", [False, True], ids=["at-once", "after-delay"])
+def test_balanced_emfile_backs_off_once(loaded: bool, loop_errors: LoopErrors) -> None:
+    """EMFILE on the immediate accept or on the delayed retry: reported once,
+    the listener out of the poller, one back-off retry scheduled, no balanced
+    retry left behind."""
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    loop.set_exception_handler(loop_errors.handler)
+    loop_errors.expect("socket.accept() out of system resource")
+    real = socket.socket()
+    real.bind(("127.0.0.1", 0))
+    real.listen(10)
+    fake = StarvedListener(real)
+    try:
+        if loaded:
+            loop._balanced.delay(0, loop.time())  # stamp the heat at now
+            loop._balanced.accepted()  # took one just now
+        loop._add_reader(real.fileno(), lambda: None)
+        loop._accept_connection(Counting, fake, None, None, 100)
+        if loaded:
+            assert fake.calls == 0 and len(retry_handles(loop)) == 1
+            run(loop, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
+        assert fake.calls == 1
+        assert len(loop_errors.contexts) == 1
+        assert loop_errors.contexts[0]["exception"].errno == errno.EMFILE
+        with pytest.raises(KeyError):
+            loop._selector.get_key(real.fileno())
+        assert not retry_handles(loop) and not loop._accept_delayed
+        resumes = [
+            h for h in loop._scheduled
+            if not h.cancelled() and h._callback.__name__ == "_resume_serving"
+        ]
+        assert len(resumes) == 1
+        resumes[0].cancel()
+    finally:
+        loop.close()
+        real.close()
+    loop_errors.check()
+
+
+@pytest.mark.slow
+def test_balanced_accept_under_real_emfile() -> None:
+    """The subprocess EMFILE server of test_reliability, under accept=balanced:
+    one report, serving throughout, every connection accepted once fds free."""
+    from test_reliability import EmfileServer, greeted_and_served
+
+    server = EmfileServer({"accept": "balanced"})
+    try:
+        first = server.connect()
+        greeted_and_served(first, b"before", greeting=True)
+        flood = [server.connect() for _ in range(50)]
+        error = server.wait("accept error", lambda: server.of_kind("error"))[0]
+        assert error[2] == str(errno.EMFILE), error
+        greeted_and_served(first, b"during the back-off")
+        for sock in flood:
+            sock.close()
+        late = server.connect()
+        server.wait("accept after fds were freed", lambda: server.accepted(late), timeout=15)
+        greeted_and_served(late, b"served again", greeting=True)
+        assert len(server.of_kind("error")) == 1, server.of_kind("error")
+        for sock in (first, late):
+            sock.close()
+        server.wait(
+            "every connection accepted and closed",
+            lambda: len(server.of_kind("lost")) == len(server.of_kind("accepted")) == 52,
+            timeout=15,
+        )
+        server.stop()
+    finally:
+        server.cleanup()

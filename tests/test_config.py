@@ -77,7 +77,7 @@ ALLOWED = {
     "write": "eager|deferred",
     "partial_write": "poll|feed",
     "feed_limit": "an integer from 1 to 1000",
-    "accept": "batch|single|relaxed",
+    "accept": "batch|single|relaxed|balanced",
     "accept_batch": "an integer from 0 to 65535",
     "exclusive_accept": "1|true|yes|on|0|false|no|off",
     "keepalive": "1|true|yes|on|0|false|no|off",
@@ -104,6 +104,7 @@ BAD_VALUES = [
     ("feed_limit", -1),
     ("accept", "balanced-ish"),
     ("accept", "round-robin"),
+    ("accept", "balance"),
     ("accept_batch", -1),
     ("accept_batch", "65536"),
     ("exclusive_accept", "maybe"),
@@ -206,7 +207,12 @@ def test_enum_tokens_are_case_and_whitespace_tolerant(
 
 @pytest.mark.parametrize(
     ("name", "member"),
-    [("write", WriteMode.DEFERRED), ("partial_write", PartialWrite.FEED), ("poller", Poller.POLL)],
+    [
+        ("write", WriteMode.DEFERRED),
+        ("partial_write", PartialWrite.FEED),
+        ("poller", Poller.POLL),
+        ("accept", AcceptStrategy.BALANCED),
+    ],
 )
 def test_enum_members_are_accepted_as_keywords(name: str, member: object) -> None:
     """The enum member itself is a valid keyword value."""
@@ -224,6 +230,7 @@ def test_enum_members_are_accepted_as_keywords(name: str, member: object) -> Non
         (Poller.EPOLL, "epoll"),
         (Poller.POLL, "poll"),
         (Poller.SELECT, "select"),
+        (AcceptStrategy.BALANCED, "balanced"),
     ],
 )
 def test_enum_str_is_the_token(member: object, token: str) -> None:
@@ -379,3 +386,12 @@ def test_describe_has_a_row_per_field() -> None:
     values = {row[0]: row[2] for row in rows}
     assert values["feed_limit"] == 7
     assert values["poller"] is Poller.POLL
+
+
+@pytest.mark.parametrize("where", ["keyword", "env"])
+def test_accept_balanced_by_keyword_or_env(where: str) -> None:
+    if where == "keyword":
+        config = resolve({"accept": "balanced"}, environ={})
+    else:
+        config = resolve({}, environ={"ASYNCIO_RELAXED_ACCEPT": " Balanced "})
+    assert config.accept is AcceptStrategy.BALANCED

@@ -1,0 +1,487 @@
+"""Accept fairness: K pre-forked workers on one listen socket, who served what.
+
+The parent makes one listening socket (SO_REUSEADDR, backlog 1024) and forks
+K workers; each worker makes its loop after the fork (an epoll instance made
+before a fork is one kernel object shared by every process) and serves
+``loop.create_server(Reply, sock=sock)``.  A request is one line; the reply is
+one line, after about 50 µs of hashing (``WORK_BYTES``), so a worker that takes
+more connections also spends more CPU.  The load comes from a separate client
+process (uvloop if installed, else stock asyncio: the same client for every
+loop under test) running C concurrent clients, either
+
+* close-per-request: connect, one request, close; or
+* keep-alive: many requests per connection, reconnecting every
+  ``KEEPALIVE_REQUESTS`` requests, so the spread of connections still means
+  something.
+
+Workers are pinned to CPU 0 and the client to CPU 1 where the machine has two
+CPUs (``pinned`` in the result says whether it happened).  The client marks
+the start and the end of the measured window (after ``warmup``) on its
+stdout; the parent relays them to the workers as SIGUSR1 / SIGUSR2, and each
+worker reports what it served inside the window (connections, requests, CPU
+time) on SIGTERM.  Results: Jain's index over per-worker connections (1.0 is
+an even spread, 1/K is one worker taking everything) and over requests,
+max/min over connections (inf when a worker got none), connections/s and
+requests/s and p50/p99 latency seen by the client (a close-per-request
+latency includes the connect, so an accept delay shows there), and server
+CPU µs per request.
+
+Run alone (loops interleaved within each repeat; medians of the repeats)::
+
+    python -m benchmarks.fairness --loops asyncio,uvloop,relaxed-batch,\\
+relaxed-single,relaxed-relaxed,relaxed-balanced --workers 4 \\
+        --concurrency 1,10,100 --mode close,keepalive --duration 3 --repeat 3
+
+Light load is concurrency 1, moderate 10, saturating 100 and more.  Only the
+public API of asyncio_relaxed is used (through ``benchmarks.loops``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks import loops, maths
+
+#: Bytes hashed per request: sha256 of 72 KiB took about 50 µs on the 2-CPU
+#: machine the README's figures come from (11 µs per 16 KiB, measured with
+#: time.perf_counter over 10,000 digests), a small stand-in for a request's work.
+WORK_BYTES = 72 * 1024
+_WORK = bytes(WORK_BYTES)
+#: Requests per keep-alive connection before the client reconnects: enough
+#: to make keep-alive cheap, few enough that connections keep arriving.
+KEEPALIVE_REQUESTS = 20
+#: Seconds on top of warmup + duration before everything is killed.
+HARD_TIMEOUT_SLACK = 30.0
+#: Seconds the workers get to start serving / to report.
+STARTUP_TIMEOUT = 15.0
+REPORT_TIMEOUT = 10.0
+REQUEST = b"GET / HTTP/1.0\r\n"
+MODES = ("close", "keepalive")
+METRICS = ("jain", "jain_requests", "max_min", "conns_per_s", "req_per_s",
+           "p50_us", "p99_us", "server_cpu_us_per_req")
+
+
+# -- the worker -------------------------------------------------------------------
+
+
+class _Counts:
+    connections = 0
+    requests = 0
+
+
+class Reply(asyncio.Protocol):
+    """One line in, ~50 µs of hashing, one line out (per request line)."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        _Counts.connections += 1
+
+    def data_received(self, data: bytes) -> None:
+        lines = data.count(b"\n")
+        _Counts.requests += lines
+        for _ in range(lines):
+            digest = hashlib.sha256(_WORK).hexdigest()[:8].encode()
+            self.transport.write(b"ok " + digest + b"\n")
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+
+def _snapshot() -> tuple[int, int, float]:
+    t = os.times()
+    return _Counts.connections, _Counts.requests, t.user + t.system
+
+
+def _worker(index: int, loop_name: str, sock: socket.socket, report: int, pin: bool) -> None:
+    """The child: serve on the shared socket; window marks by signal; report."""
+    if pin:
+        os.sched_setaffinity(0, {0})
+    loop = loops.factory(loop_name)()
+    asyncio.set_event_loop(loop)
+    marks: list[tuple[int, int, float]] = []
+    done = loop.create_future()
+
+    def finish() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_signal_handler(signal.SIGUSR1, lambda: marks.append(_snapshot()))
+    loop.add_signal_handler(signal.SIGUSR2, lambda: marks.append(_snapshot()))
+    loop.add_signal_handler(signal.SIGTERM, finish)
+
+    async def serve() -> None:
+        await loop.create_server(Reply, sock=sock)
+        os.write(report, f"ready {index}\n".encode())
+        await done
+
+    loop.run_until_complete(serve())
+    if len(marks) >= 2:
+        (c0, r0, t0), (c1, r1, t1) = marks[0], marks[1]
+        result = {"worker": index, "connections": c1 - c0, "requests": r1 - r0,
+                  "cpu_s": t1 - t0}
+    else:
+        result = {"worker": index, "error": f"{len(marks)} window marks"}
+    os.write(report, (json.dumps(result) + "\n").encode())
+
+
+# -- the client (its own interpreter) -----------------------------------------------
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.waiter: asyncio.Future[None] | None = None
+        self.buffer = b""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if b"\n" in self.buffer and self.waiter is not None and not self.waiter.done():
+            self.buffer = self.buffer[self.buffer.index(b"\n") + 1:]
+            self.waiter.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc or ConnectionError("closed by the server"))
+
+
+def _client_main(argv: list[str]) -> None:
+    """The load generator: ``python -c ... port concurrency keepalive warmup duration pin``."""
+    port, concurrency = int(argv[0]), int(argv[1])
+    keepalive, warmup, duration = argv[2] == "1", float(argv[3]), float(argv[4])
+    if argv[5] == "1":
+        os.sched_setaffinity(0, {1})
+    try:
+        import uvloop
+
+        new_loop: Any = uvloop.new_event_loop
+        client = f"uvloop {uvloop.__version__}"
+    except ImportError:
+        new_loop = asyncio.new_event_loop
+        client = f"asyncio (Python {sys.version.split()[0]})"
+    per_connection = KEEPALIVE_REQUESTS if keepalive else 1
+    state = {"measuring": False, "stop": False}
+    latencies: list[float] = []
+    counts = {"requests": 0, "connections": 0, "errors": 0}
+
+    async def one_client() -> None:
+        loop = asyncio.get_running_loop()
+        while not state["stop"]:
+            start = time.perf_counter()
+            try:
+                transport, proto = await loop.create_connection(
+                    _ClientProtocol, "127.0.0.1", port)
+            except OSError:
+                counts["errors"] += 1
+                await asyncio.sleep(0.001)
+                continue
+            if state["measuring"]:
+                counts["connections"] += 1
+            try:
+                for _ in range(per_connection):
+                    proto.waiter = loop.create_future()
+                    transport.write(REQUEST)
+                    await proto.waiter
+                    end = time.perf_counter()
+                    if state["measuring"]:
+                        counts["requests"] += 1
+                        latencies.append((end - start) * 1e6)
+                    if state["stop"]:
+                        break
+                    start = end
+            except (OSError, ConnectionError):
+                counts["errors"] += 1
+            finally:
+                transport.close()
+
+    async def main() -> dict[str, Any]:
+        tasks = [asyncio.ensure_future(one_client()) for _ in range(concurrency)]
+        await asyncio.sleep(warmup)
+        print("start", flush=True)
+        state["measuring"] = True
+        t0 = time.perf_counter()
+        await asyncio.sleep(duration)
+        state["measuring"] = False
+        elapsed = time.perf_counter() - t0
+        print("end", flush=True)
+        state["stop"] = True
+        await asyncio.wait(tasks, timeout=5)
+        for task in tasks:
+            task.cancel()
+        return {"client": client, "elapsed": elapsed, **counts,
+                "p50_us": maths.percentile(latencies, 50) if latencies else math.nan,
+                "p99_us": maths.percentile(latencies, 99) if latencies else math.nan}
+
+    loop = new_loop()
+    try:
+        result = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    print(json.dumps(result), flush=True)
+
+
+# -- the parent ---------------------------------------------------------------------
+
+
+def _can_pin() -> bool:
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        return {0, 1} <= os.sched_getaffinity(0)
+    except OSError:
+        return False
+
+
+class _Lines:
+    """Lines from a file descriptor, read with a deadline."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = b""
+
+    def readline(self, deadline: float) -> str:
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer before the deadline")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    raise EOFError("the other side went away")
+                self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
+        return line.decode()
+
+
+def _fork() -> int:
+    # Python 3.12+ warns when a process with threads forks (pytest-timeout's
+    # thread, for one); the child runs no thread-dependent code before exec-free
+    # serving, and makes its loop after the fork.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def _cleanup(pids: list[int], procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """Whatever happens, no worker and no client outlives the run."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()  # our own child, by its pid
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        _signal_all(pids, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def run_once(loop: str, *, workers: int, concurrency: int, keepalive: bool,
+             duration: float, warmup: float = 0.5) -> dict[str, object]:
+    """One measurement of *loop* (a name from ``benchmarks.loops.SPECS``).
+
+    Returns ``{"metrics": {...}, "per_worker": {"connections": [...],
+    "requests": [...]}, "client": str, "pinned": bool}``; every metric is a
+    positive finite float when the run worked, except ``max_min``, which is
+    ``inf`` when a worker served no connection in the window.  Raises
+    LookupError for a loop that is missing here, RuntimeError when the run
+    failed, TimeoutError past ``warmup + duration + HARD_TIMEOUT_SLACK``.
+    """
+    why = loops.missing(loop)
+    if why:
+        raise LookupError(why)
+    if workers < 1 or concurrency < 1 or duration <= 0 or warmup < 0:
+        raise ValueError("workers and concurrency must be >= 1, duration > 0, warmup >= 0")
+    deadline = time.monotonic() + warmup + duration + HARD_TIMEOUT_SLACK
+    pin = _can_pin()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # listening socket only
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    read_end, write_end = os.pipe()
+    pids: list[int] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with _cleanup(pids, procs):
+            for index in range(workers):
+                pid = _fork()
+                if pid == 0:  # the worker: never returns into the caller's code
+                    code = 1
+                    try:
+                        os.close(read_end)
+                        signal.signal(signal.SIGINT, signal.SIG_IGN)
+                        _worker(index, loop, sock, write_end, pin)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                pids.append(pid)
+            os.close(write_end)
+            write_end = -1
+            reports = _Lines(read_end)
+            start_by = min(deadline, time.monotonic() + STARTUP_TIMEOUT)
+            for _ in range(workers):
+                if not reports.readline(start_by).startswith("ready"):
+                    raise RuntimeError("a worker did not start")
+            root = str(Path(__file__).resolve().parent.parent)
+            path = os.environ.get("PYTHONPATH", "")
+            env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+            code = ("import sys; from benchmarks.fairness import _client_main; "
+                    "_client_main(sys.argv[1:])")
+            client = subprocess.Popen(
+                [sys.executable, "-c", code, str(port), str(concurrency),
+                 "1" if keepalive else "0", str(warmup), str(duration), "1" if pin else "0"],
+                stdout=subprocess.PIPE, cwd=root, env=env,
+            )
+            procs.append(client)
+            assert client.stdout is not None
+            out = _Lines(client.stdout.fileno())
+            for mark, sig in (("start", signal.SIGUSR1), ("end", signal.SIGUSR2)):
+                line = out.readline(deadline)
+                if line != mark:
+                    raise RuntimeError(f"client said {line!r}, expected {mark!r}")
+                _signal_all(pids, sig)
+            client_result = json.loads(out.readline(deadline))
+            _signal_all(pids, signal.SIGTERM)
+            report_by = min(deadline, time.monotonic() + REPORT_TIMEOUT)
+            results = [json.loads(reports.readline(report_by)) for _ in pids]
+    finally:
+        sock.close()
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    bad = [r for r in results if "error" in r]
+    if bad:
+        raise RuntimeError(f"workers failed: {bad}")
+    results.sort(key=lambda r: int(r["worker"]))
+    connections = [int(r["connections"]) for r in results]
+    requests = [int(r["requests"]) for r in results]
+    cpu = sum(float(r["cpu_s"]) for r in results)
+    elapsed = float(client_result["elapsed"])
+    served = sum(requests)
+    if not served or not client_result["requests"]:
+        raise RuntimeError(f"nothing was served: {client_result}")
+    metrics = {
+        "jain": maths.jain(connections),
+        "jain_requests": maths.jain(requests),
+        "max_min": maths.max_min(connections),
+        "conns_per_s": client_result["connections"] / elapsed,
+        "req_per_s": client_result["requests"] / elapsed,
+        "p50_us": float(client_result["p50_us"]),
+        "p99_us": float(client_result["p99_us"]),
+        "server_cpu_us_per_req": cpu / served * 1e6 if cpu > 0 else math.nan,
+    }
+    return {
+        "metrics": metrics,
+        "per_worker": {"connections": connections, "requests": requests},
+        "client": str(client_result["client"]),
+        "pinned": pin,
+        "errors": int(client_result["errors"]),
+    }
+
+
+# -- the command line ---------------------------------------------------------------
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", default=",".join(loops.ACCEPT_LOOPS))
+    parser.add_argument("--workers", default="4", help="comma-separated, e.g. 2,4")
+    parser.add_argument("--concurrency", default="1,10,100")
+    parser.add_argument("--mode", default="close,keepalive")
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="also write every run to this file")
+    args = parser.parse_args(argv)
+    names = []
+    for name in _csv(args.loops):
+        why = loops.missing(name)
+        if why:
+            print(f"skipped {name}: {why}", flush=True)
+        else:
+            names.append(name)
+    modes = _csv(args.mode)
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"--mode {mode!r}: allowed {', '.join(MODES)}")
+    cases = [(int(w), int(c), m) for w in _csv(args.workers)
+             for m in modes for c in _csv(args.concurrency)]
+    runs: dict[tuple[int, int, str, str], list[dict[str, Any]]] = {}
+    client = pinned = None
+    for repeat in range(args.repeat):
+        for w, c, mode in cases:
+            for name in names:  # interleaved: every loop once per repeat
+                try:
+                    result = run_once(name, workers=w, concurrency=c, keepalive=mode == "keepalive",
+                                      duration=args.duration, warmup=args.warmup)
+                except (RuntimeError, TimeoutError, EOFError) as exc:
+                    print(f"run failed: {name} workers={w} c={c} {mode}: {exc}", flush=True)
+                    continue
+                client, pinned = result["client"], result["pinned"]
+                runs.setdefault((w, c, mode, name), []).append(result)
+                m: Any = result["metrics"]
+                print(f"# repeat {repeat + 1} {name:>16} w={w} c={c:<4} {mode:<9} "
+                      f"jain={m['jain']:.3f} conns/s={m['conns_per_s']:8.0f} "
+                      f"per-worker={result['per_worker']['connections']}",
+                      file=sys.stderr, flush=True)
+    print(f"client: {client}; pinned: {pinned}; medians of {args.repeat} repeats, "
+          f"{args.duration} s each after {args.warmup} s warm-up")
+    header = (f"{'workers':>7} {'mode':<9} {'conc':>5} {'loop':<17} {'jain':>6} {'jain_rq':>7} "
+              f"{'max/min':>7} {'conns/s':>8} {'req/s':>8} {'p50 µs':>8} {'p99 µs':>8} "
+              f"{'cpu µs/rq':>9} {'vs batch':>8}")
+    print(header)
+    for w, c, mode in cases:
+        batch = runs.get((w, c, mode, "relaxed-batch"))
+        batch_rate = maths.median([r["metrics"]["conns_per_s"] for r in batch]) if batch else None
+        for name in names:
+            got = runs.get((w, c, mode, name))
+            if not got:
+                continue
+            med = {k: maths.median([r["metrics"][k] for r in got]) for k in METRICS}
+            ratio = f"{med['conns_per_s'] / batch_rate:8.2f}" if batch_rate else f"{'':>8}"
+            print(f"{w:>7} {mode:<9} {c:>5} {name:<17} {med['jain']:6.3f} "
+                  f"{med['jain_requests']:7.3f} {med['max_min']:7.2f} {med['conns_per_s']:8.0f} "
+                  f"{med['req_per_s']:8.0f} {med['p50_us']:8.0f} {med['p99_us']:8.0f} "
+                  f"{med['server_cpu_us_per_req']:9.1f} {ratio}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"workers": w, "concurrency": c, "mode": mode, "loop": name, **r}
+                       for (w, c, mode, name), rs in runs.items() for r in rs], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
