@@ -72,7 +72,7 @@ def missing(name: str) -> str | None:
             return f"{spec.kind} is not installed (pip install {spec.kind})"
     if spec.kind == "relaxed":
         try:
-            asyncio_relaxed.Config(**spec.settings)
+            asyncio_relaxed.resolve(spec.settings, environ={})
         except (TypeError, ValueError) as exc:
             return f"this asyncio_relaxed does not support {dict(spec.settings)}: {exc}"
     return None

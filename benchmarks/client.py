@@ -1,0 +1,301 @@
+"""The built-in load generator: ``python -m benchmarks.client``.
+
+One process, one loop (uvloop when installed, else stock asyncio: the same
+client for every server loop, recorded in the results).  It connects, runs
+the load through a warm-up, prints ``{"ready": ...}``, and starts counting
+when the runner writes ``go`` on stdin (after marking the server).  After
+``--duration`` seconds each connection finishes the request it is in and
+stops; the client then prints one JSON line: requests (or MiB for the pipe),
+elapsed seconds and the latency samples' p50/p99 in microseconds.
+
+Kinds of load:
+- ``echo``: ``--concurrency`` connections, each sends ``--request`` bytes and
+  waits for ``--response`` bytes back, then repeats (request-response);
+- ``http``: keep-alive ``GET --path`` over HTTP/1.1, one request in flight
+  per connection (wrk's model, used when wrk is not installed);
+- ``churn``: a new connection per request (connect, request, response, close);
+- ``pipe``: one connection; writes ``--request``-byte chunks whenever its
+  write buffer is empty and counts what comes back (node's tcp-raw-pipe);
+- ``idle``: opens ``--concurrency`` connections, makes one round trip on each
+  (so the server has built every transport) and holds them until ``go``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from benchmarks import maths
+from benchmarks.server import _finish, raise_fd_limit
+
+KINDS = ("echo", "http", "churn", "pipe", "idle")
+MiB = 1 << 20
+
+
+def client_loop_name() -> str:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+class Meter:
+    """What every connection reports to: counts and latency samples."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.stopping = False
+        self.requests = 0
+        self.units = 0.0  # bytes for the pipe
+        self.latencies: list[float] = []
+        self.active = 0
+        self.idle = asyncio.Event()
+
+    def done(self, started: float) -> None:
+        if self.counting:
+            self.requests += 1
+            self.latencies.append(time.perf_counter() - started)
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
+
+class RequestResponse(asyncio.Protocol):
+    """One keep-alive connection: send a request, wait for the whole answer."""
+
+    def __init__(self, meter: Meter, request: bytes, response: int, hold: bool = False) -> None:
+        self.meter = meter
+        self.hold = hold  # after one answer, keep the connection open and quiet
+        self.request = request
+        self.response = response
+        self.connected = asyncio.get_running_loop().create_future()
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.meter.active += 1
+        self.connected.set_result(None)
+        self.send()
+
+    def send(self) -> None:
+        self.pending = self.response
+        self.started = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.pending -= len(data)
+        if self.pending > 0:
+            return
+        self.meter.done(self.started)
+        if self.hold:
+            return
+        if self.meter.stopping:
+            self.transport.close()
+        else:
+            self.send()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.meter.leave()
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+
+class HttpConnection(RequestResponse):
+    """Keep-alive HTTP/1.1 GET; a response ends after its Content-Length body."""
+
+    def send(self) -> None:
+        self.buffer = b""
+        self.body_left = -1
+        self.started = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        if self.body_left < 0:
+            self.buffer += data
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            length = 0
+            for line in self.buffer[:end].split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            self.body_left = length - (len(self.buffer) - end - 4)
+        else:
+            self.body_left -= len(data)
+        if self.body_left > 0:
+            return
+        self.meter.done(self.started)
+        if self.meter.stopping:
+            self.transport.close()
+        else:
+            self.send()
+
+
+class PipeClient(asyncio.Protocol):
+    """Writes a chunk whenever the write buffer is empty; counts the echo."""
+
+    def __init__(self, meter: Meter, chunk: bytes) -> None:
+        self.meter = meter
+        self.chunk = chunk
+        self.sent = 0
+        self.received = 0
+        self.paused = False
+        self.drained = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=0)  # pause as soon as anything is buffered
+        self.fill()
+
+    def fill(self) -> None:
+        # Write while the kernel takes everything; at most a few chunks per
+        # callback so that the echo is read in between.
+        for _ in range(4):
+            if self.paused or self.meter.stopping:
+                return
+            self.sent += len(self.chunk)
+            self.transport.write(self.chunk)
+        asyncio.get_running_loop().call_soon(self.fill)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.fill()
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.meter.counting:
+            self.meter.units += len(data)
+        if self.meter.stopping and self.received >= self.sent and not self.drained.done():
+            self.drained.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.drained.done():
+            self.drained.set_result(None)
+
+
+def _returns(protocol: asyncio.Protocol) -> Any:
+    return lambda: protocol
+
+
+async def churn_worker(meter: Meter, port: int, request: bytes, response: int) -> None:
+    loop = asyncio.get_running_loop()
+    meter.active += 1
+    try:
+        while not meter.stopping:
+            started = time.perf_counter()
+            proto = RequestResponse(Meter(), request, response)  # its own meter: one shot
+            proto.meter.stopping = True  # close after the first answer
+            await loop.create_connection(_returns(proto), "127.0.0.1", port)
+            await proto.closed
+            meter.done(started)
+    finally:
+        meter.leave()
+
+
+async def wait_for_go() -> None:
+    loop = asyncio.get_running_loop()
+    go = loop.create_future()
+
+    def read() -> None:
+        sys.stdin.readline()
+        loop.call_soon_threadsafe(_finish, go)
+
+    threading.Thread(target=read, daemon=True).start()
+    await go
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    meter = Meter()
+    request = b"r" * args.request
+    tasks: list[Any] = []
+    conns: list[Any] = []
+    if args.kind in ("echo", "http", "idle"):
+        if args.kind == "http":
+            request = f"GET {args.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+            make: Any = lambda: HttpConnection(meter, request, 0)  # noqa: E731
+        elif args.kind == "idle":
+            request = b"i"
+            make = lambda: RequestResponse(meter, request, 1, hold=True)  # noqa: E731
+        else:
+            make = lambda: RequestResponse(meter, request, args.response)  # noqa: E731
+        for _ in range(args.concurrency):
+            _, proto = await loop.create_connection(make, "127.0.0.1", args.port)
+            conns.append(proto)
+    elif args.kind == "churn":
+        tasks = [asyncio.ensure_future(churn_worker(meter, args.port, request, args.response))
+                 for _ in range(args.concurrency)]
+    else:  # pipe
+        _, pipe = await loop.create_connection(
+            lambda: PipeClient(meter, b"c" * args.request), "127.0.0.1", args.port)
+    if args.kind == "idle":
+        # Hold until every connection made its round trip (the server built
+        # every transport); closing is what ends them.
+        while sum(1 for c in conns if c.pending > 0):
+            await asyncio.sleep(0.01)
+    else:
+        await asyncio.sleep(args.warmup)
+    print(json.dumps({"ready": True, "client": f"builtin ({client_loop_name()})"}), flush=True)
+    await wait_for_go()
+    meter.counting = True
+    started = time.perf_counter()
+    if args.kind == "idle":
+        for c in conns:
+            c.transport.close()
+        return {"requests": len(conns), "elapsed": time.perf_counter() - started}
+    await asyncio.sleep(args.duration)
+    meter.stopping = True
+    if args.kind == "pipe":
+        await asyncio.wait_for(pipe.drained, 30)
+        elapsed = time.perf_counter() - started
+        pipe.transport.close()
+        mib = meter.units / MiB
+        return {"requests": mib, "elapsed": elapsed, "gbit_s": meter.units * 8 / elapsed / 1e9}
+    await asyncio.wait_for(meter.idle.wait(), 30)
+    elapsed = time.perf_counter() - started
+    for task in tasks:
+        await task
+    if not meter.latencies:
+        raise RuntimeError("no request completed in the measured window")
+    return {
+        "requests": meter.requests,
+        "elapsed": elapsed,
+        "p50_us": maths.percentile(meter.latencies, 50) * 1e6,
+        "p99_us": maths.percentile(meter.latencies, 99) * 1e6,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the built-in load generator")
+    parser.add_argument("--kind", choices=KINDS, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--request", type=int, default=1024, help="bytes per request/chunk")
+    parser.add_argument("--response", type=int, default=1024, help="bytes per response")
+    parser.add_argument("--path", default="/", help="http: the path to GET")
+    parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--duration", type=float, default=1.0)
+    args = parser.parse_args()
+    raise_fd_limit()
+    try:
+        import uvloop
+    except ImportError:
+        result = asyncio.run(run(args))
+    else:
+        result = uvloop.run(run(args))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

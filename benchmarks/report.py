@@ -1,0 +1,228 @@
+"""What a run shows: the terminal table, the Markdown report, the charts, and
+the comparison of two runs.
+
+Every figure is a median of the repeats; the spread ((max - min) / median)
+of the repeats is the noise band.  Ratios are to stock asyncio in the same
+run, so two machines' runs compare by ratio, not by absolute figure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: (column title, metric key, format) per kind of workload.
+COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "request": [("req/s", "rate", "{:,.0f}"), ("CPU µs/req", "cpu_us_per_unit", "{:.1f}"),
+                ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
+    "connection": [("conn/s", "rate", "{:,.0f}"), ("CPU µs/conn", "cpu_us_per_unit", "{:.1f}"),
+                   ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
+    "MiB": [("Gbit/s", "gbit_s", "{:.2f}"), ("CPU µs/MiB", "cpu_us_per_unit", "{:.0f}")],
+    "idle": [("B/conn", "bytes_per_unit", "{:,.0f}")],
+    "fairness": [("Jain conns", "jain", "{:.3f}"), ("Jain reqs", "jain_requests", "{:.3f}"),
+                 ("max/min", "max_min", "{:.2f}"), ("conn/s", "conns_per_s", "{:,.0f}"),
+                 ("req/s", "req_per_s", "{:,.0f}"), ("CPU µs/req", "server_cpu_us_per_req",
+                                                      "{:.1f}"),
+                 ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
+}
+SYSCALL_COLUMNS = ("poll_waits", "epoll_ctl", "recv", "send", "accept")
+
+
+def kind(entry: dict[str, Any]) -> str:
+    if entry["params"]["server"] == "fairness":
+        return "fairness"
+    if entry["params"]["client"] == "idle":
+        return "idle"
+    return str(entry["unit"])
+
+
+def _fmt(fmt: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    return fmt.format(value)
+
+
+def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows of one workload's table."""
+    columns = COLUMNS[kind(entry)]
+    header = ["loop", *(title for title, _, _ in columns)]
+    unit = {"request": "req", "connection": "conn", "MiB": "MiB"}.get(entry["unit"], "req")
+    base = entry["loops"].get("asyncio", {}).get("median", {}).get("cpu_us_per_unit")
+    with_cpu = kind(entry) in ("request", "connection", "MiB")
+    if with_cpu:
+        header.append("CPU vs asyncio")
+    has_sys = any("syscalls_strace" in v or "poll_waits_per_unit" in v["median"]
+                  for v in entry["loops"].values())
+    if has_sys:
+        header += [f"{c}/{unit}" for c in SYSCALL_COLUMNS] + [f"callbacks/{unit}"]
+    out = []
+    for name, data in entry["loops"].items():
+        med = data["median"]
+        row = [name, *(_fmt(fmt, med.get(key)) for _, key, fmt in columns)]
+        if with_cpu:
+            cpu = med.get("cpu_us_per_unit")
+            row.append(f"{cpu / base:.2f}×" if base and cpu else "—")  # noqa: RUF001
+        if has_sys:
+            # strace counts every loop the same way; statistics() is ours only.
+            counts = data.get("syscalls_strace") or {
+                k: med[f"{k}_per_unit"] for k in SYSCALL_COLUMNS if f"{k}_per_unit" in med}
+            row += [_fmt("{:.2f}", counts.get(c)) for c in SYSCALL_COLUMNS]
+            row.append(_fmt("{:.2f}", med.get("callbacks_per_unit")))
+        out.append(row)
+    return header, out
+
+
+def spread_note(entry: dict[str, Any]) -> str:
+    worst = max((d["spread"].get("cpu_us_per_unit", d["spread"].get("jain", 0.0))
+                 for d in entry["loops"].values()), default=0.0)
+    return f"largest spread of the repeats: {worst:.0%}"
+
+
+def text_table(header: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in [header, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def headline(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    pinned = (f"server on CPU {m['server_cpu']}, client on CPU {m['client_cpu']}"
+              if m["pinned"] else "not pinned (one CPU)")
+    method = doc["method"]
+    versions = ", ".join(f"{n} {d['version']}" for n, d in doc["loops"].items()
+                         if d["kind"] != "relaxed" or n == "relaxed")
+    return (f"{doc['started']} · Python {m['python']} · {m['cpus']} CPUs ({m['cpu_model']}) · "
+            f"{pinned} · {method['repeat']} x {method['duration']} s per loop after "
+            f"{method['warmup']} s warm-up, median · {versions}")
+
+
+def terminal(doc: dict[str, Any], out: Callable[[str], None] = print) -> None:
+    out(headline(doc))
+    for entry in doc["workloads"]:
+        out("")
+        out(f"{entry['name']}: {entry['about']} ({spread_note(entry) if entry['loops'] else ''})")
+        if entry["loops"]:
+            out(text_table(*rows(entry)))
+        for name, errors in entry.get("errors", {}).items():
+            out(f"  {name}: {len(errors)} failed run(s): {errors[0]}")
+    for name, why in doc["skipped"].items():
+        out(f"note: {name} skipped: {why}")
+
+
+def markdown(doc: dict[str, Any], charts: list[Path]) -> str:
+    parts = [f"# Benchmark run {doc['started']}", "", headline(doc), "",
+             f"Command: `python -m benchmarks {' '.join(doc['command'][1:])}`", ""]
+    for name, why in doc["skipped"].items():
+        parts.append(f"- {name} skipped: {why}")
+    for entry in doc["workloads"]:
+        parts += ["", f"## {entry['name']}", "", entry["about"] + ".", ""]
+        if entry["loops"]:
+            clients = {d["client"] for d in entry["loops"].values()}
+            parts += [markdown_table(*rows(entry)), "",
+                      f"Client: {', '.join(sorted(clients))}; {spread_note(entry)}."]
+        for name, errors in entry.get("errors", {}).items():
+            parts.append(f"- {name}: {len(errors)} failed run(s): `{errors[0]}`")
+    if charts:
+        parts += ["", "## Charts", ""] + [f"![{p.stem}]({p.name})" for p in charts]
+    return "\n".join(parts) + "\n"
+
+
+def charts(doc: dict[str, Any], stem: Path) -> list[Path]:
+    """PNG charts: server CPU per unit (lower is better) and fairness per loop."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made = []
+    specs: tuple[tuple[str, str, Callable[[dict[str, Any]], bool], str], ...] = (
+        ("server CPU per request, connection or MiB (lower is better)", "cpu_us_per_unit",
+         lambda e: kind(e) in ("request", "connection", "MiB"), "µs per {unit}"),
+        ("accept fairness (Jain's index over connections, 1 = even)", "jain",
+         lambda e: kind(e) == "fairness", "Jain's index"),
+    )
+    for title, metric, pick, label in specs:
+        entries = [e for e in doc["workloads"] if pick(e) and e["loops"]]
+        if not entries:
+            continue
+        cols = min(3, len(entries))
+        rows_ = math.ceil(len(entries) / cols)
+        fig, axes = plt.subplots(rows_, cols, figsize=(5 * cols, 3.2 * rows_), squeeze=False)
+        # zip stops at the last entry: spare axes stay empty (turned off below).
+        for ax, entry in zip(axes.flat, entries, strict=False):
+            names = list(entry["loops"])
+            values = [entry["loops"][n]["median"].get(metric, 0.0) for n in names]
+            lows = [min(s.get(metric, v) for s in entry["loops"][n]["samples"])
+                    for n, v in zip(names, values, strict=True)]
+            highs = [max(s.get(metric, v) for s in entry["loops"][n]["samples"])
+                     for n, v in zip(names, values, strict=True)]
+            ax.bar(names, values, yerr=[[v - lo for v, lo in zip(values, lows, strict=True)],
+                                        [hi - v for v, hi in zip(values, highs, strict=True)]],
+                   color=["#999999" if n == "asyncio" else "#5b8def" if n.startswith("relaxed")
+                          else "#e8a33d" for n in names], capsize=3)
+            ax.set_title(entry["name"], fontsize=9)
+            ax.set_ylabel(label.format(unit=entry["unit"]), fontsize=8)
+            ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+            if metric == "jain":
+                ax.set_ylim(min(0.8, min(values) - 0.02), 1.0)
+        for ax in list(axes.flat)[len(entries):]:
+            ax.axis("off")
+        fig.suptitle(f"{title} — {doc['started']}, bars: median, whiskers: min-max", fontsize=10)
+        fig.tight_layout()
+        path = stem.with_name(f"{stem.name}-{metric.split('_')[0]}.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], out: Callable[[str], None] = print) -> int:
+    """Print B relative to A per workload and loop; return how many changed beyond noise."""
+    out(f"A: {headline(a)}")
+    out(f"B: {headline(b)}")
+    out("ratio = B / A of the medians; noise = the larger spread of the two runs' repeats")
+    changed = 0
+    a_work = {e["name"]: e for e in a["workloads"]}
+    header = ["workload", "loop", "metric", "A", "B", "B/A", "noise", ""]
+    body = []
+    for entry in b["workloads"]:
+        old = a_work.get(entry["name"])
+        if old is None:
+            continue
+        metrics = [key for _, key, _ in COLUMNS[kind(entry)] if not key.startswith("p")]
+        for name, data in entry["loops"].items():
+            if name not in old["loops"]:
+                continue
+            for key in metrics:
+                va = old["loops"][name]["median"].get(key)
+                vb = data["median"].get(key)
+                if not va or vb is None or not math.isfinite(va) or not math.isfinite(vb):
+                    continue
+                noise = max(old["loops"][name]["spread"].get(key, 0.0),
+                            data["spread"].get(key, 0.0))
+                ratio = vb / va
+                flag = "changed" if abs(ratio - 1) > noise else ""
+                changed += bool(flag)
+                body.append([entry["name"], name, key, f"{va:.4g}", f"{vb:.4g}",
+                             f"{ratio:.3f}", f"±{noise:.0%}", flag])
+    if body:
+        out(text_table(header, body))
+    else:
+        out("no workload and loop in common")
+    return changed

@@ -1,0 +1,476 @@
+"""One benchmark run: every selected workload on every selected loop.
+
+Method (DESIGN.md section 4): the server runs in its own process pinned to
+one CPU, the load generator in another pinned to a different CPU; for each
+workload the loops are interleaved (A B C, A B C, ...) so that drift of a
+noisy machine spreads over all loops; every run has a warm-up the figures
+leave out; the report quotes the median of the repeats and their spread.
+
+Server CPU time per request comes from the server process's own user+system
+time over the measured window (two ``mark`` snapshots), so it stays valid
+when the client, not the server, is the bottleneck.  System calls per
+request come from ``loop.statistics()`` on our loop, and from ``strace -c
+-f`` attached for a shorter window to every loop (ours too, as a cross-check)
+for the workloads marked ``syscalls`` when strace is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from benchmarks import loops, maths
+from benchmarks.workloads import WORKLOADS, Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = 1
+#: Seconds any one server or client may take before the run is abandoned.
+HARD_TIMEOUT = 120.0
+
+
+# -- the machine ------------------------------------------------------------------
+
+
+def cpus() -> tuple[int | None, int | None]:
+    """(server CPU, client CPU), or (None, None) on a one-CPU machine."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None, None
+    return allowed[0], allowed[-1]
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    server_cpu, client_cpu = cpus()
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "pinned": server_cpu is not None,
+        "server_cpu": server_cpu,
+        "client_cpu": client_cpu,
+        "wrk": wrk_version(),
+        "strace": shutil.which("strace") is not None,
+    }
+
+
+def wrk_version() -> str | None:
+    if not shutil.which("wrk"):
+        return None
+    out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, timeout=10)
+    return (out.stdout + out.stderr).split(" [")[0].strip() or "wrk"
+
+
+def pin(cpu: int | None) -> Callable[[], None] | None:
+    if cpu is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+# -- processes ----------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+class Process:
+    """A child speaking JSON lines on stdout, killed on exit whatever happens."""
+
+    def __init__(self, command: Sequence[str], cpu: int | None) -> None:
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, cwd=ROOT, env=_env(), preexec_fn=pin(cpu),
+        )
+        self.command = command
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = _readline(self.proc.stdout, HARD_TIMEOUT)
+        if not line:
+            self.proc.kill()
+            assert self.proc.stderr is not None
+            err = self.proc.stderr.read()
+            raise RuntimeError(f"{' '.join(self.command)} failed:\n{err[-2000:]}")
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def say(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _readline(stream: IO[str], timeout: float) -> str:
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise TimeoutError(f"no answer within {timeout} s")
+    return stream.readline()
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    try:
+        yield started
+    finally:
+        for p in reversed(started):
+            if p.proc.poll() is None:
+                p.proc.kill()
+            p.proc.wait()
+            for stream in (p.proc.stdin, p.proc.stdout, p.proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+# -- strace -------------------------------------------------------------------------
+
+#: strace's syscall names -> the columns of the report.
+SYSCALL_KINDS = {
+    "poll_waits": ("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select",
+                   "pselect6"),
+    "epoll_ctl": ("epoll_ctl",),
+    "recv": ("recvfrom", "recvmsg", "read", "readv", "recvmmsg"),
+    "send": ("sendto", "sendmsg", "write", "writev", "sendmmsg"),
+    "accept": ("accept", "accept4"),
+}
+
+
+def parse_strace(text: str) -> dict[str, int]:
+    """Call counts per syscall from ``strace -c`` output."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        # % time, seconds, usecs/call, calls, [errors], syscall
+        if len(parts) >= 5 and re.fullmatch(r"[\d.]+", parts[0]) and parts[-1] != "total":
+            counts[parts[-1]] = int(parts[3])
+    return counts
+
+
+@contextlib.contextmanager
+def strace(pid: int, out: dict[str, int]) -> Iterator[None]:
+    """Count the system calls of process *pid* (all threads) while inside."""
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as f:
+        proc = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", f.name],
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stderr is not None
+            _readline(proc.stderr, 10)  # "strace: Process N attached"
+            time.sleep(0.1)  # the other threads' attach lines
+            yield
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=10)
+            assert proc.stderr is not None
+            proc.stderr.close()
+        out.update(parse_strace(f.read()))
+
+
+# -- one run ------------------------------------------------------------------------
+
+
+def server_command(w: Workload, loop: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.server", "--kind", w.server, "--loop", loop,
+            *w.server_args]
+
+
+def client_command(w: Workload, port: int, warmup: float, duration: float) -> list[str]:
+    kind = "http" if w.client == "wrk" else w.client
+    return [sys.executable, "-m", "benchmarks.client", "--kind", kind, "--port", str(port),
+            "--concurrency", str(w.concurrency), "--request", str(w.request),
+            "--response", str(w.response), "--path", w.path,
+            "--warmup", str(warmup), "--duration", str(duration)]
+
+
+def per_unit(counts: dict[str, int], units: float) -> dict[str, float]:
+    return {k: v / units for k, v in counts.items()}
+
+
+def statistics_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """The report's syscall and callback columns from two statistics() marks."""
+    d = {k: after[k] - before[k] for k in after if isinstance(after[k], int)}
+    return {
+        "poll_waits": d["poll_waits"],
+        "epoll_ctl": d["epoll_ctl_add"] + d["epoll_ctl_mod"] + d["epoll_ctl_del"],
+        "recv": d["recv"],
+        "send": d["send"] + d["sendmsg"],
+        "accept": d["accept"],
+        "callbacks": d["callbacks"],
+    }
+
+
+def strace_counts(raw: dict[str, int]) -> dict[str, int]:
+    return {kind: sum(raw.get(n, 0) for n in names) for kind, names in SYSCALL_KINDS.items()}
+
+
+def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
+            syscalls: bool = False) -> dict[str, Any]:
+    """One measured run of workload *w* on *loop*: the sample's metrics."""
+    if w.server == "fairness":
+        from benchmarks import fairness
+
+        outcome: dict[str, Any] = fairness.run_once(
+            loop, workers=w.workers, concurrency=w.concurrency, keepalive=w.keepalive,
+            duration=duration, warmup=warmup)
+        return {**outcome["metrics"], "per_worker": outcome["per_worker"],
+                "client": outcome["client"], "pinned": outcome["pinned"]}
+    server_cpu, client_cpu = cpus()
+    traced: dict[str, int] = {}
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    result: dict[str, Any]
+    with processes() as started:
+        server = Process(server_command(w, loop), server_cpu)
+        started.append(server)
+        port = server.read()["listening"]
+        pid = server.proc.pid
+        if w.client == "idle":
+            before = _mark(server)
+        use_wrk = w.client == "wrk" and shutil.which("wrk") is not None
+        if use_wrk:
+            _wrk(port, w, max(1, round(warmup)), client_cpu)  # warm-up
+            client_name = wrk_version() or "wrk"
+        else:
+            client = Process(client_command(w, port, warmup, duration), client_cpu)
+            started.append(client)
+            client_name = client.read()["client"]
+        if w.client == "idle":
+            # Every connection is open and idle now: the second mark must
+            # come before "go", which closes them.
+            after = _mark(server)
+        else:
+            before = _mark(server)
+        with strace(pid, traced) if syscalls else contextlib.nullcontext():
+            if use_wrk:
+                result = _wrk(port, w, max(1, round(duration)), client_cpu)
+            else:
+                client.say("go")
+                result = client.read()
+            if w.client != "idle":
+                after = _mark(server)
+        server.close()
+    units = float(result["requests"])
+    if not units > 0:
+        raise RuntimeError(f"{w.name} on {loop}: the client completed nothing")
+    sample: dict[str, Any] = {"client": client_name}
+    if w.client == "idle":
+        sample["bytes_per_unit"] = (after["rss"] - before["rss"]) / units
+        sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+    else:
+        sample["rate"] = units / result["elapsed"]
+        if w.unit == "MiB":
+            sample["gbit_s"] = result["gbit_s"]
+        sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+        for key in ("p50_us", "p99_us"):
+            if key in result:
+                sample[key] = result[key]
+    if syscalls:  # a strace run: only its counts mean anything (strace slows the server)
+        return {"syscalls_strace": per_unit(strace_counts(traced), units)}
+    if "statistics" in after and w.client != "idle":
+        sample["syscalls"] = per_unit(statistics_counts(before["statistics"],
+                                                        after["statistics"]), units)
+    return sample
+
+
+def _mark(server: Process) -> dict[str, Any]:
+    server.say("mark")
+    return server.read()
+
+
+_WRK_TIME = re.compile(r"([\d.]+)(us|ms|s)\b")
+
+
+def _wrk_us(text: str) -> float:
+    m = _WRK_TIME.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"wrk latency {text!r}")
+    return float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def parse_wrk(text: str) -> dict[str, float]:
+    """requests, elapsed, p50_us, p99_us from ``wrk --latency`` output."""
+    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", text)
+    if not m:
+        raise ValueError(f"unexpected wrk output:\n{text}")
+    elapsed = float(m.group(2)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(3)]
+    out = {"requests": float(m.group(1)), "elapsed": elapsed}
+    for pct, key in (("50", "p50_us"), ("99", "p99_us")):
+        lm = re.search(rf"^\s*{pct}(?:\.0+)?%\s+(\S+)", text, re.M)
+        if lm:
+            out[key] = _wrk_us(lm.group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", text)
+    if errors:
+        raise RuntimeError(f"wrk reported errors: {errors.group(0)}")
+    return out
+
+
+def _wrk(port: int, w: Workload, seconds: int, cpu: int | None) -> dict[str, Any]:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{w.concurrency}", f"-d{seconds}s", "--latency",
+         f"http://127.0.0.1:{port}{w.path}"],
+        capture_output=True, text=True, timeout=seconds + 30, preexec_fn=pin(cpu),
+    )
+    if out.returncode:
+        raise RuntimeError(f"wrk failed: {out.stderr}")
+    return parse_wrk(out.stdout)
+
+
+# -- the run ------------------------------------------------------------------------
+
+#: Metrics whose median and spread the report gives (when a sample has them).
+METRICS = ("rate", "gbit_s", "cpu_us_per_unit", "p50_us", "p99_us", "bytes_per_unit",
+           "jain", "jain_requests", "max_min", "conns_per_s", "req_per_s",
+           "server_cpu_us_per_req")
+
+
+def summarize(samples: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    medians: dict[str, float] = {}
+    spreads: dict[str, float] = {}
+    for key in METRICS:
+        values = [s[key] for s in samples if key in s and math.isfinite(s[key])]
+        if values:
+            medians[key] = maths.median(values)
+            spreads[key] = maths.spread(values)
+    nested = [s["syscalls"] for s in samples if "syscalls" in s]
+    if nested:
+        medians.update({f"{k}_per_unit": maths.median([n[k] for n in nested])
+                        for k in nested[0]})
+    return medians, spreads
+
+
+def select(names: Sequence[str] | None, full: bool) -> list[Workload]:
+    if names:
+        unknown = [n for n in names if n not in WORKLOADS]
+        if unknown:
+            raise SystemExit(f"unknown workload(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(WORKLOADS)}")
+        return [WORKLOADS[n] for n in names]
+    return [w for w in WORKLOADS.values() if full or w.default]
+
+
+def run(
+    workloads: Sequence[Workload],
+    loop_names: Sequence[str] | None,
+    *,
+    duration: float,
+    warmup: float,
+    repeat: int,
+    syscalls: bool,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run every workload on its loops; return the results document."""
+    started = datetime.datetime.now(datetime.timezone.utc)
+    wanted = set(loop_names) if loop_names else None
+    order = list(loops.SPECS)
+    all_loops = sorted({n for w in workloads for n in w.loops if not wanted or n in wanted}
+                       | (wanted or set()),
+                       key=lambda n: order.index(n) if n in order else len(order))
+    skipped = {n: why for n in all_loops if (why := loops.missing(n))}
+    for name, why in skipped.items():
+        progress(f"note: loop {name} skipped: {why}")
+    if syscalls and not shutil.which("strace"):
+        progress("note: strace is not installed; syscall counts come from "
+                 "loop.statistics() on asyncio_relaxed only")
+        syscalls = False
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "started": started.isoformat(timespec="seconds"),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "machine": machine(),
+        "method": {"duration": duration, "warmup": warmup, "repeat": repeat,
+                   "order": "per workload, loops interleaved in each repeat"},
+        "loops": {n: {"version": loops.version(n), "kind": loops.SPECS[n].kind,
+                      "settings": dict(loops.SPECS[n].settings), "about": loops.SPECS[n].about}
+                  for n in all_loops if n not in skipped},
+        "skipped": skipped,
+        "workloads": [],
+    }
+    if "http" in {w.server for w in workloads} and not doc["machine"]["wrk"]:
+        progress("note: wrk is not installed; HTTP load comes from the built-in client")
+    for w in workloads:
+        names = [n for n in w.loops if n not in skipped and (not wanted or n in wanted)]
+        if wanted:
+            names += [n for n in all_loops if n in wanted and n not in names
+                      and n not in skipped and _fits(w, n)]
+        entry: dict[str, Any] = {"name": w.name, "about": w.about, "unit": w.unit,
+                                 "params": w.params(), "loops": {}, "errors": {}}
+        samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for r in range(repeat):
+            for name in names:
+                progress(f"{w.name:<26} {name:<18} run {r + 1}/{repeat}")
+                try:
+                    samples[name].append(run_one(w, name, warmup=warmup, duration=duration))
+                except Exception as exc:  # one failed run must not lose the others
+                    entry["errors"].setdefault(name, []).append(f"{type(exc).__name__}: {exc}")
+                    progress(f"  failed: {type(exc).__name__}: {exc}")
+        for name in names:
+            if not samples[name]:
+                continue
+            medians, spreads = summarize(samples[name])
+            entry["loops"][name] = {"samples": samples[name], "median": medians,
+                                    "spread": spreads, "client": samples[name][0]["client"]}
+        if syscalls and w.syscalls:
+            for name in names:
+                if name not in entry["loops"]:
+                    continue
+                progress(f"{w.name:<26} {name:<18} strace -c")
+                try:
+                    traced = run_one(w, name, warmup=warmup, duration=min(duration, 1.0),
+                                     syscalls=True)
+                except Exception as exc:
+                    entry["errors"].setdefault(name, []).append(f"strace: {exc}")
+                    continue
+                entry["loops"][name]["syscalls_strace"] = traced["syscalls_strace"]
+        doc["workloads"].append(entry)
+    doc["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return doc
+
+
+def _fits(w: Workload, loop: str) -> bool:
+    """An accept preset only where accept matters, a write preset only elsewhere."""
+    settings = loops.SPECS[loop].settings
+    accept_workload = w.client in ("churn", "fairness")
+    return not (("accept" in settings) and not accept_workload)
+
+
+def save(doc: dict[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = doc["started"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    path = directory / f"{stamp}.json"
+    path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+    return path

@@ -1,0 +1,219 @@
+"""The server process of every workload: ``python -m benchmarks.server``.
+
+It serves one kind of server on one loop, prints ``{"listening": PORT, ...}``
+and then answers the runner over stdin/stdout: each ``mark`` line is answered
+with one JSON line holding the process's CPU seconds (user + system, from
+``getrusage``), its resident memory and, on asyncio_relaxed's loop,
+``loop.statistics()``; end of input stops the server.  The runner subtracts
+two marks around the measured window, so start-up and warm-up cost nothing.
+
+The marks are read by a thread blocked on stdin and handed to the loop with
+``call_soon_threadsafe``, which every loop supports, so the snapshot is taken
+on the loop's thread; the thread costs nothing while it waits.
+
+Kinds of server (the protocol API and the work per request are the
+workload's, nothing else differs between loops):
+
+- ``echo-protocol``, ``echo-buffered``, ``echo-streams``: echo every byte,
+  through ``asyncio.Protocol``, ``asyncio.BufferedProtocol``, and
+  ``asyncio.start_server`` streams (vmbench's three servers);
+- ``pipe``: echo with flow control (``pause_reading`` while the transport's
+  buffer is above its high-water mark), node's tcp-raw-pipe server;
+- ``pieces``: answer each request of ``--request`` bytes with ``--pieces``
+  writes of ``--piece`` bytes made in one callback (what deferred writes
+  coalesce);
+- ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+import threading
+from typing import Any
+
+from benchmarks import loops
+
+KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "http")
+READ_SIZE = 256 * 1024  # what each server asks for per read (stock's max_size)
+
+
+class EchoProtocol(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class EchoBufferedProtocol(asyncio.BufferedProtocol):
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(READ_SIZE))
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # bytes(): the buffer is reused by the next read; a loop may keep
+        # what write() could not send, so hand it an immutable copy.
+        self.transport.write(bytes(self.view[:nbytes]))
+
+
+async def echo_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(READ_SIZE):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+class PipeProtocol(asyncio.Protocol):
+    """Echo that stops reading while its peer does not read (socket.pipe(socket))."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+
+class PiecesProtocol(asyncio.Protocol):
+    """Answers every complete request with many small writes in one callback."""
+
+    def __init__(self, request: int, pieces: int, piece: int) -> None:
+        self.request = request
+        self.pieces = pieces
+        self.chunk = b"p" * piece
+        self.pending = 0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.pending += len(data)
+        while self.pending >= self.request:
+            self.pending -= self.request
+            write = self.transport.write
+            for _ in range(self.pieces):
+                write(self.chunk)
+
+
+def http_app() -> Any:
+    from aiohttp import web
+
+    four_kib = b"x" * 4096
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(body=b"")
+
+    async def four_k(request: web.Request) -> web.Response:
+        return web.Response(body=four_kib)
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    app.router.add_get("/4k", four_k)
+    return app
+
+
+def snapshot(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # µs resolution; os.times() has ticks
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    mark: dict[str, Any] = {"cpu": usage.ru_utime + usage.ru_stime, "rss": rss}
+    statistics = getattr(loop, "statistics", None)
+    if callable(statistics):
+        mark["statistics"] = statistics().as_dict()
+    return mark
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def raise_fd_limit() -> None:
+    """Allow as many sockets as the hard limit (the idle workload holds 10,000)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def serve(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    stop = loop.create_future()
+
+    def report() -> None:
+        print(json.dumps(snapshot(loop)), flush=True)
+
+    def control() -> None:
+        for line in sys.stdin:
+            if line.strip() == "mark":
+                loop.call_soon_threadsafe(report)
+        loop.call_soon_threadsafe(_finish, stop)
+
+    runner = None
+    server: Any
+    if args.kind == "http":
+        from aiohttp import web
+
+        runner = web.AppRunner(http_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        server = site._server  # aiohttp exposes no public accessor for the port
+        assert server is not None
+    elif args.kind == "echo-streams":
+        server = await asyncio.start_server(echo_stream, "127.0.0.1", 0, backlog=1024)
+    else:
+        factory: Any = {
+            "echo-protocol": EchoProtocol,
+            "echo-buffered": EchoBufferedProtocol,
+            "pipe": PipeProtocol,
+            "pieces": lambda: PiecesProtocol(args.request, args.pieces, args.piece),
+        }[args.kind]
+        server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    print(json.dumps({"listening": port, "pid": os.getpid(),
+                      "loop": f"{type(loop).__module__}.{type(loop).__qualname__}"}), flush=True)
+    threading.Thread(target=control, daemon=True).start()
+    await stop
+    if runner is not None:
+        await runner.cleanup()
+    else:
+        server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one benchmark server (driven by the runner)")
+    parser.add_argument("--kind", choices=KINDS, required=True)
+    parser.add_argument("--loop", choices=tuple(loops.SPECS), required=True)
+    parser.add_argument("--request", type=int, default=64, help="pieces: request size, bytes")
+    parser.add_argument("--pieces", type=int, default=16, help="pieces: writes per request")
+    parser.add_argument("--piece", type=int, default=64, help="pieces: bytes per write")
+    args = parser.parse_args()
+    raise_fd_limit()
+    loop = loops.factory(args.loop)()
+    try:
+        loop.run_until_complete(serve(args))
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()
