@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--results", type=Path, default=Path("results"),
                    help="where the JSON, Markdown and charts go (results/)")
     r.add_argument("--no-charts", action="store_true")
+    r.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="also run each relaxed preset from the asyncio_relaxed in DIR "
+                   "(e.g. a git worktree of main) as NAME@base, in the same run")
     c = sub.add_parser("compare", help="what changed from run A to run B")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = runner.select(_names(args.workloads), args.full)
     doc = runner.run(workloads, loop_names, duration=args.duration, warmup=args.warmup,
                      repeat=args.repeat, syscalls=not args.no_syscalls,
+                     baseline=args.baseline,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     path = runner.save(doc, args.results)
     made = [] if args.no_charts else report.charts(doc, path.with_suffix(""))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import os
+import subprocess
 from collections.abc import Callable, Mapping
 
 import asyncio_relaxed
@@ -60,6 +62,33 @@ ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed
                 "relaxed-balanced")
 
 
+#: Loops run from another checkout ("relaxed-eager@base"): name -> its path.
+BASELINES: dict[str, str] = {}
+
+
+def register_baseline(name: str, path: object) -> str:
+    """Add loop *name* as run from the checkout at *path* (``--baseline``).
+
+    The twin is called ``name@base``: its server processes import
+    asyncio_relaxed from *path* first, so one run compares a change with
+    what it changed, next to the same peers.
+    """
+    twin = f"{name}@base"
+    spec = SPECS[name]
+    SPECS[twin] = dataclasses.replace(spec, name=twin, about=f"{spec.about}, from {path}")
+    BASELINES[twin] = str(path)
+    return twin
+
+
+def preset(name: str) -> str:
+    """The preset a (possibly baseline) loop name runs."""
+    return name.partition("@")[0]
+
+
+def baseline_path(name: str) -> str | None:
+    return BASELINES.get(name)
+
+
 def missing(name: str) -> str | None:
     """Why loop *name* cannot run here, or None when it can."""
     spec = SPECS.get(name)
@@ -70,6 +99,10 @@ def missing(name: str) -> str | None:
             importlib.import_module(spec.kind)
         except ImportError:
             return f"{spec.kind} is not installed (pip install {spec.kind})"
+    if name in BASELINES:
+        if not os.path.isfile(os.path.join(BASELINES[name], "asyncio_relaxed", "__init__.py")):
+            return f"{BASELINES[name]} holds no asyncio_relaxed package"
+        return None  # its settings are checked by its own server process
     if spec.kind == "relaxed":
         try:
             asyncio_relaxed.resolve(spec.settings, environ={})
@@ -100,6 +133,10 @@ def version(name: str) -> str:
         import platform
 
         return platform.python_version()
+    if name in BASELINES:
+        rev = subprocess.run(["git", "-C", BASELINES[name], "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        return f"checkout {BASELINES[name]}" + (f" at {rev}" if rev else "")
     if kind == "relaxed":
         return asyncio_relaxed.__version__
     from importlib import metadata

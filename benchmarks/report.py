@@ -103,8 +103,13 @@ def headline(doc: dict[str, Any]) -> str:
     pinned = (f"server on CPU {m['server_cpu']}, client on CPU {m['client_cpu']}"
               if m["pinned"] else "not pinned (one CPU)")
     method = doc["method"]
-    versions = ", ".join(f"{n} {d['version']}" for n, d in doc["loops"].items()
-                         if d["kind"] != "relaxed" or n == "relaxed")
+    seen: dict[str, str] = {}
+    for name, data in doc["loops"].items():
+        label = "asyncio_relaxed" if data["kind"] == "relaxed" else data["kind"]
+        if "baseline" in data:
+            label = "@base:"
+        seen.setdefault(label, data["version"])
+    versions = ", ".join(f"{k} {v}" for k, v in seen.items())
     return (f"{doc['started']} · Python {m['python']} · {m['cpus']} CPUs ({m['cpu_model']}) · "
             f"{pinned} · {method['repeat']} x {method['duration']} s per loop after "
             f"{method['warmup']} s warm-up, median · {versions}")

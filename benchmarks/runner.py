@@ -91,19 +91,21 @@ def pin(cpu: int | None) -> Callable[[], None] | None:
 # -- processes ----------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
+def _env(first: str | None = None) -> dict[str, str]:
+    """The environment of a child: *first* (a baseline checkout), then this tree."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
 class Process:
     """A child speaking JSON lines on stdout, killed on exit whatever happens."""
 
-    def __init__(self, command: Sequence[str], cpu: int | None) -> None:
+    def __init__(self, command: Sequence[str], cpu: int | None,
+                 pythonpath: str | None = None) -> None:
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, cwd=ROOT, env=_env(), preexec_fn=pin(cpu),
+            text=True, cwd=ROOT, env=_env(pythonpath), preexec_fn=pin(cpu),
         )
         self.command = command
 
@@ -205,8 +207,8 @@ def strace(pid: int, out: dict[str, int]) -> Iterator[None]:
 
 
 def server_command(w: Workload, loop: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.server", "--kind", w.server, "--loop", loop,
-            *w.server_args]
+    return [sys.executable, "-m", "benchmarks.server", "--kind", w.server,
+            "--loop", loops.preset(loop), *w.server_args]
 
 
 def client_command(w: Workload, port: int, warmup: float, duration: float) -> list[str]:
@@ -255,7 +257,7 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
     after: dict[str, Any] = {}
     result: dict[str, Any]
     with processes() as started:
-        server = Process(server_command(w, loop), server_cpu)
+        server = Process(server_command(w, loop), server_cpu, loops.baseline_path(loop))
         started.append(server)
         port = server.read()["listening"]
         pid = server.proc.pid
@@ -391,6 +393,7 @@ def run(
     warmup: float,
     repeat: int,
     syscalls: bool,
+    baseline: Path | None = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run every workload on its loops; return the results document."""
@@ -400,6 +403,11 @@ def run(
     all_loops = sorted({n for w in workloads for n in w.loops if not wanted or n in wanted}
                        | (wanted or set()),
                        key=lambda n: order.index(n) if n in order else len(order))
+    if baseline:
+        # Each relaxed preset also runs from the baseline checkout, next to it.
+        all_loops = [x for n in all_loops for x in (
+            (n, loops.register_baseline(n, baseline)) if loops.SPECS.get(n, None)
+            and loops.SPECS[n].kind == "relaxed" else (n,))]
     skipped = {n: why for n in all_loops if (why := loops.missing(n))}
     for name, why in skipped.items():
         progress(f"note: loop {name} skipped: {why}")
@@ -415,7 +423,8 @@ def run(
         "method": {"duration": duration, "warmup": warmup, "repeat": repeat,
                    "order": "per workload, loops interleaved in each repeat"},
         "loops": {n: {"version": loops.version(n), "kind": loops.SPECS[n].kind,
-                      "settings": dict(loops.SPECS[n].settings), "about": loops.SPECS[n].about}
+                      "settings": dict(loops.SPECS[n].settings), "about": loops.SPECS[n].about,
+                      **({"baseline": loops.baseline_path(n)} if "@" in n else {})}
                   for n in all_loops if n not in skipped},
         "skipped": skipped,
         "workloads": [],
@@ -424,6 +433,9 @@ def run(
         progress("note: wrk is not installed; HTTP load comes from the built-in client")
     for w in workloads:
         names = [n for n in w.loops if n not in skipped and (not wanted or n in wanted)]
+        if baseline and w.server != "fairness":  # fairness forks this process: no baseline
+            names = [x for n in names for x in (n, *(b for b in all_loops
+                                                    if b.startswith(n + "@")))]
         if wanted:
             names += [n for n in all_loops if n in wanted and n not in names
                       and n not in skipped and _fits(w, n)]
@@ -463,7 +475,7 @@ def run(
 
 def _fits(w: Workload, loop: str) -> bool:
     """An accept preset only where accept matters, a write preset only elsewhere."""
-    settings = loops.SPECS[loop].settings
+    settings = loops.SPECS[loops.preset(loop)].settings
     accept_workload = w.client in ("churn", "fairness")
     return not (("accept" in settings) and not accept_workload)
 
