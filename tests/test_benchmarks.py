@@ -170,6 +170,7 @@ def _positive_finite(where: str, value: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(240)
 def test_smoke_every_kind_of_workload(tmp_path: Path) -> None:
     # strace on one workload only (it adds a run per loop); idle with fewer
