@@ -47,108 +47,88 @@ _ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 # -- balanced accept: theory of operation --------------------------------------
 #
 # Pre-forked workers sharing one listening socket each poll it in their own
-# epoll set, so one incoming connection wakes every idle worker and whichever
-# runs first takes it.  Nothing in that race looks at load: the worker the
-# scheduler favours (often the one already on the CPU) takes connection after
-# connection.  nginx fixes this with accept_disabled = connections/8 -
+# epoll set, so one incoming connection wakes every idle worker, and the one
+# that runs first takes it before the others even return from epoll_wait
+# (they find nothing and go back to sleep, never seeing the event).  Nothing
+# in that race looks at load, and its winner is not random: the scheduler
+# picks the same workers, so under light load one worker can starve
+# (benchmarks/fairness.py, 4 workers on one CPU, one keep-alive client: one
+# worker got 0-2 % of the connections under every loop, stock asyncio and
+# uvloop included).  nginx's answer is accept_disabled = connections/8 -
 # free_connections: a worker past 7/8 of its capacity skips accepting, so its
 # siblings, woken by the same event, win.
 #
-# accept=balanced turns that into a race the least-loaded worker wins, with
-# no shared memory (the loop is made after fork() by code that did not make
-# the listener, so there is no place to put a shared counter; a file or an
-# mmap would need the cooperation of whoever forks).  Each worker knows only
-# its own load:
+# accept=balanced needs no shared memory: the loop is made after fork() by
+# code that did not make the listener, so there is no place for a shared
+# counter (an mmap would need the cooperation of whoever forks), and a worker
+# cannot see the connections its siblings win.  What it can do is step aside.
+# After each accept the worker *rests*: it takes the listener out of its
+# poller for
 #
-#   load = open connections of the listener's server + heat,
-#   heat = this worker's accepts, each decaying with a half-life of
-#          BALANCED_HEAT_HALF_LIFE (so it says "I took one just now").
+#     rest = cooldown * open connections of the listener's server
 #
-# When the listener is reported ready, a worker whose load is below
-# BALANCED_IDLE_LOAD accepts one connection at once (the fast path: one
-# float update and a comparison more than accept=single).  A loaded worker
-# takes the listener out of its poller and retries after
-# min(load * BALANCED_DELAY_PER_LOAD, BALANCED_MAX_DELAY): meanwhile a
-# sibling with less load, woken by the same connection, accepts it at once
-# or after a shorter delay, and the loaded worker's retry finds the queue
-# empty (one wasted accept, EAGAIN).  If nobody took it, the loaded worker
-# does: a lone process or a set of equally loaded ones only pays the delay,
-# never loses a connection.  The retry accepts one connection and puts the
-# listener back, so the next connection is decided again.
+# (capped at BALANCED_MAX_REST), so a sibling that is not resting takes the
+# next connection; the more connections a worker holds, the longer it stays
+# out (load-aware, like accept_disabled).  When the rest is over, the worker
+# tries one accept and puts the listener back:
 #
-# A worker that keeps winning its retries uncontested (no sibling is less
-# loaded, or there is no sibling) halves a scale factor on its delays, down
-# to BALANCED_MIN_SCALE; a retry that finds the queue empty (a sibling took
-# it: the delay did its job) doubles it back up to 1.  So a single process
-# stops paying for delays that buy nothing, while pre-forked workers keep
-# them.  The retry never touches a listener that was closed meanwhile:
-# Server.close() cancels it (_stop_serving), and it checks the socket too.
+# * EAGAIN: no connection was waiting, so its rest kept nobody waiting;
+#   cooldown grows by BALANCED_GROW.
+# * a connection: it waited for this worker, so every worker was resting
+#   (or there is no sibling); the worker serves it and cooldown shrinks by
+#   BALANCED_SHRINK.
+#
+# cooldown settles where about 1 rest in 15 finds a connection waiting
+# (ln 1.05 / (ln 1.05 + ln 2)): long enough that a worker that just won sits
+# out while its siblings take their turn, short enough that connections
+# rarely wait for it.  Under saturation every rest finds a connection, so
+# cooldown falls to BALANCED_MIN_COOLDOWN and the strategy is accept=single
+# plus a timer per accept; a lone process sees the same.  The listener is
+# polled, when it is polled, with one accept per event (the fast path is
+# accept=single's).  A rest never outlives its listener: Server.close()
+# cancels the timer (_stop_serving), and the retry checks the socket; EMFILE
+# during a retry hands over to _accept_starved's back-off.
 
-#: Half-life of the heat, in seconds.  Short: heat marks the worker that took
-#: the last connections, so under light load (one connection at a time, no
-#: open transports anywhere) the next one goes to a sibling.
-BALANCED_HEAT_HALF_LIFE = 0.002
-#: Load (open transports + heat) below which a worker accepts at once.  Below
-#: one: a worker with one open connection, or one taken in the last half-life,
-#: is loaded.
-BALANCED_IDLE_LOAD = 0.5
-#: Seconds of delay per unit of load: long enough for a woken sibling on the
-#: same CPU to be scheduled and accept (a context switch and an iteration of
-#: a Python loop take tens of microseconds).
-BALANCED_DELAY_PER_LOAD = 100e-6
-#: The longest delay, in seconds: what a lone loaded worker may add to a
-#: connection's latency (nginx retries a disabled accept within its timer
-#: resolution, about a millisecond to 500 ms).
-BALANCED_MAX_DELAY = 0.002
-#: The smallest scale of the delays after uncontested retries; delays below
-#: BALANCED_MIN_DELAY seconds are not worth a timer and mean "accept at once".
-BALANCED_MIN_SCALE = 1 / 64
-BALANCED_MIN_DELAY = 20e-6
+#: Seconds of rest per open connection at first: about one keep-alive
+#: client's connection lifetime in benchmarks/fairness.py, so that the
+#: controller starts near where light load settles.
+BALANCED_START_COOLDOWN = 1e-3
+#: Bounds of cooldown, seconds per open connection.  The floor keeps the
+#: timer cheap under saturation (a timer per accept); the cap bounds how
+#: long a connection can wait for a resting lone worker.
+BALANCED_MIN_COOLDOWN = 10e-6
+BALANCED_MAX_REST = 0.05
+#: Factors on cooldown after a rest that kept nobody waiting (GROW) and after
+#: one that did (SHRINK): the ratio of their logarithms sets how often a
+#: connection waits for a rest to end (1 in 15 here).
+BALANCED_GROW = 1.05
+BALANCED_SHRINK = 0.5
+#: Most accepts at the end of a rest that found connections waiting.
+BALANCED_BURST = 16
 
 
 class BalancedGate:
     """The per-loop state of accept=balanced (see the theory of operation)."""
 
-    __slots__ = ("contested", "heat", "scale", "stamp", "uncontested")
+    __slots__ = ("contested", "cooldown", "uncontested")
 
     def __init__(self) -> None:
-        self.heat = 0.0  # decayed accepts as of self.stamp
-        self.stamp = 0.0  # time.monotonic() of the last heat update
-        self.scale = 1.0  # factor on the delays, BALANCED_MIN_SCALE..1
-        self.contested = 0  # retries a sibling won (statistics for tests)
-        self.uncontested = 0  # retries that accepted after the delay
+        self.cooldown = BALANCED_START_COOLDOWN  # seconds of rest per open connection
+        self.contested = 0  # rests that kept nobody waiting (statistics for tests)
+        self.uncontested = 0  # rests that ended with a connection waiting
 
-    def cool(self, now: float) -> float:
-        """The heat at *now*, decayed since the last update."""
-        heat = self.heat
-        if heat:
-            heat *= 2.0 ** ((self.stamp - now) / BALANCED_HEAT_HALF_LIFE)
-            if heat < 1e-3:
-                heat = 0.0
-            self.heat = heat
-        self.stamp = now
-        return heat
+    def rest(self, open_connections: int) -> float:
+        """Seconds to stay out of the poller after an accept."""
+        return min(self.cooldown * max(open_connections, 1), BALANCED_MAX_REST)
 
-    def delay(self, open_transports: int, now: float) -> float:
-        """Seconds to wait before accepting; 0 to accept at once."""
-        load = open_transports + self.cool(now)
-        if load < BALANCED_IDLE_LOAD:
-            return 0.0
-        delay = min(load * BALANCED_DELAY_PER_LOAD, BALANCED_MAX_DELAY) * self.scale
-        return delay if delay >= BALANCED_MIN_DELAY else 0.0
-
-    def accepted(self) -> None:
-        """One connection accepted (call after delay(), which set stamp)."""
-        self.heat += 1.0
-
-    def retried(self, won: bool) -> None:
-        """A delayed accept found a connection (won) or a sibling took it."""
-        if won:
+    def rested(self, waited: bool) -> None:
+        """A rest ended; a connection *waited* for it, or none did."""
+        if waited:
             self.uncontested += 1
-            self.scale = max(self.scale * 0.5, BALANCED_MIN_SCALE)
+            self.cooldown = max(self.cooldown * BALANCED_SHRINK, BALANCED_MIN_COOLDOWN)
         else:
             self.contested += 1
-            self.scale = min(self.scale * 2.0, 1.0)
+            self.cooldown = min(self.cooldown * BALANCED_GROW, BALANCED_MAX_REST)
 
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
@@ -192,8 +172,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         ]
         # Listener fds in an accept-resource-error episode (reported once).
         self._accept_failing: set[int] = set()
-        # accept=balanced: the load score, and the retry timer per listener fd
-        # while that listener is out of the poller.
+        # accept=balanced: the cooldown, and the end-of-rest timer per
+        # listener fd while that listener is out of the poller.
         self._balanced = BalancedGate()
         self._accept_delayed: dict[int, Any] = {}
         # The one receive buffer of every plain-Protocol transport.
@@ -292,7 +272,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         batch: up to accept_batch (default: the backlog) accepts, the last one
         usually a wasted EAGAIN (stock, bpo-27906).  single and relaxed: one;
         the poller reports the listener again while more are queued.
-        balanced: one, at once or after a delay (see BalancedGate).
+        balanced: one, then the listener rests out of the poller (see
+        BalancedGate).
         """
         if not timeouts:
             timeouts = _compat.DEFAULT_SSL_TIMEOUTS
@@ -301,22 +282,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if strategy is AcceptStrategy.BATCH:
             budget = config.accept_batch or backlog
         elif strategy is AcceptStrategy.BALANCED:
-            gate = self._balanced
-            # The server's count of its open transports (attached in the
-            # transport's __init__, detached at connection_lost): exact, where
-            # len(self._transports) keeps closed transports until collected.
-            active = getattr(server, "_active_count", 0) if server is not None else 0
-            delay = gate.delay(active, time.monotonic())
-            if delay:
-                fd = sock.fileno()
-                self._remove_reader(fd)
-                self._accept_delayed[fd] = self.call_later(
-                    delay, self._accept_delayed_retry,
-                    protocol_factory, sock, sslcontext, server, backlog, timeouts,
-                )
-                return
             if self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
-                gate.accepted()
+                self._accept_rest(protocol_factory, sock, sslcontext, server, backlog, timeouts)
             return
         else:
             budget = 1
@@ -380,7 +347,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             )
         return True
 
-    def _accept_delayed_retry(
+    def _accept_rest(
         self,
         protocol_factory: Any,
         sock: socket.socket,
@@ -389,7 +356,28 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         backlog: int,
         timeouts: tuple[Any, ...],
     ) -> None:
-        """accept=balanced: the delay is over; accept one, poll the listener again.
+        """accept=balanced after an accept: out of the poller for a rest."""
+        # The server's count of its open transports (attached in the
+        # transport's __init__, detached at connection_lost): exact, where
+        # len(self._transports) keeps closed transports until collected.
+        active = getattr(server, "_active_count", 1) if server is not None else 1
+        fd = sock.fileno()
+        self._remove_reader(fd)
+        self._accept_delayed[fd] = self.call_later(
+            self._balanced.rest(active), self._accept_rested,
+            protocol_factory, sock, sslcontext, server, backlog, timeouts,
+        )
+
+    def _accept_rested(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+    ) -> None:
+        """accept=balanced: the rest is over; accept one, poll the listener again.
 
         Server.close() cancels this timer (_stop_serving); the checks below
         cover a listener closed some other way: nothing touches a closed fd.
@@ -398,14 +386,20 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         self._accept_delayed.pop(fd, None)
         if fd < 0 or (server is not None and not server.is_serving()):
             return
-        gate = self._balanced
-        won = self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts)
-        if won is None:
+        got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts)
+        if got is None:
             return  # EMFILE and friends: _accept_starved owns the retry now
-        if won:
-            gate.cool(time.monotonic())
-            gate.accepted()
-        gate.retried(won)
+        self._balanced.rested(got)
+        if got:
+            # Connections waited for this rest: every sibling is resting or
+            # busy, so take what is queued, up to a burst, as batch would.
+            for _ in range(BALANCED_BURST - 1):
+                got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog,
+                                       timeouts)
+                if got is None:
+                    return
+                if not got:
+                    break
         if sock.fileno() >= 0:
             self._add_reader(fd, self._accept_connection, protocol_factory, sock,
                              sslcontext, server, backlog, *timeouts)

@@ -9,6 +9,7 @@ even, 1/n is one worker taking everything)::
 
     python examples/prefork_server.py --workers 4 --loop relaxed --accept single
     python examples/prefork_server.py --workers 4 --accept batch --load 2000
+    python examples/prefork_server.py --workers 4 --accept balanced --load 2000
 
 With --load N the parent itself connects N times, one connection at a time
 (one request each), then stops the workers; without it, serve until Ctrl-C.
@@ -82,7 +83,7 @@ def load(address: tuple[str, int], n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loop", choices=LOOPS, default="relaxed")
-    parser.add_argument("--accept", choices=("batch", "single", "relaxed"),
+    parser.add_argument("--accept", choices=("batch", "single", "relaxed", "balanced"),
                         help="relaxed accept strategy (default: ASYNCIO_RELAXED_ACCEPT or batch)")
     parser.add_argument("--write", choices=("eager", "deferred"), help="relaxed write mode")
     parser.add_argument("--workers", type=int, default=4)

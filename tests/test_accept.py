@@ -272,26 +272,24 @@ def test_pending_connect_leaves_the_loop_blocking() -> None:
 
 
 def test_balanced_gate_without_sockets() -> None:
-    """The load score: idle accepts at once, heat decays, delays are capped and
-    shrink after uncontested retries, grow back after contested ones."""
+    """The rest grows with open connections and is capped; cooldown shrinks
+    when a connection waited for a rest, grows when none did, within bounds."""
     gate = _loop.BalancedGate()
-    assert gate.delay(0, 100.0) == 0  # nothing open, nothing taken: at once
-    gate.accepted()
-    one = gate.delay(0, 100.0)
-    assert one > 0  # took one just now: loaded
-    assert gate.delay(3, 100.0) > one  # more open connections: a longer delay
-    assert gate.delay(10**6, 100.0) == _loop.BALANCED_MAX_DELAY
-    # Ten half-lives later the heat is gone: at once again.
-    assert gate.delay(0, 100.0 + 10 * _loop.BALANCED_HEAT_HALF_LIFE) == 0
-    gate.retried(won=True)
-    assert gate.delay(10**6, 200.0) == _loop.BALANCED_MAX_DELAY / 2
+    start = _loop.BALANCED_START_COOLDOWN
+    assert gate.rest(0) == gate.rest(1) == start
+    assert gate.rest(4) == 4 * start
+    assert gate.rest(10**6) == _loop.BALANCED_MAX_REST
+    gate.rested(waited=False)
+    assert gate.cooldown == start * _loop.BALANCED_GROW
+    gate.rested(waited=True)
+    assert gate.cooldown == start * _loop.BALANCED_GROW * _loop.BALANCED_SHRINK
     for _ in range(100):
-        gate.retried(won=True)
-    assert gate.scale == _loop.BALANCED_MIN_SCALE
-    for _ in range(100):
-        gate.retried(won=False)
-    assert gate.scale == 1
-    assert (gate.uncontested, gate.contested) == (101, 100)
+        gate.rested(waited=True)
+    assert gate.cooldown == _loop.BALANCED_MIN_COOLDOWN
+    for _ in range(1000):
+        gate.rested(waited=False)
+    assert gate.cooldown == _loop.BALANCED_MAX_REST
+    assert (gate.uncontested, gate.contested) == (101, 1001)
 
 
 class SharedListener:
@@ -342,11 +340,16 @@ def listening(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> boo
 def retry_handles(loop: asyncio_relaxed.Loop) -> list[Any]:
     return [
         h for h in loop._scheduled
-        if not h.cancelled() and getattr(h._callback, "__name__", "") == "_accept_delayed_retry"
+        if not h.cancelled() and getattr(h._callback, "__name__", "") == "_accept_rested"
     ]
 
 
-def test_balanced_unloaded_accepts_one_per_event(clients: list[socket.socket]) -> None:
+#: Longer than any rest these tests cause (the start cooldown times a few
+#: open connections), so waiting this long on the loop ends the rest.
+PAST_A_REST = 10 * _loop.BALANCED_START_COOLDOWN
+
+
+def test_balanced_accepts_one_per_event_then_rests(clients: list[socket.socket]) -> None:
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
         server = start(loop)
@@ -354,70 +357,67 @@ def test_balanced_unloaded_accepts_one_per_event(clients: list[socket.socket]) -
         before = loop.statistics()
         iterate(loop, 1)
         assert accepts(loop, before) == (1, 0)  # one per event, no wasted EAGAIN
+        assert not listening(loop, server) and len(retry_handles(loop)) == 1
+        iterate(loop, 2)
+        assert accepts(loop, before) == (1, 0)  # resting: the others wait
         stop(loop, server)
     finally:
         loop.close()
 
 
-def test_balanced_loaded_worker_defers_and_the_unloaded_one_takes_it() -> None:
+def test_balanced_resting_worker_leaves_the_connection_to_a_sibling() -> None:
     shared = SharedListener()
     (a, b), (server_a, _) = shared.loops, shared.servers
     try:
         shared.connect()
-        before = a.statistics()
-        iterate(a, 1)
-        assert accepts(a, before) == (1, 0)  # unloaded: at once
-        iterate(a, 2)  # connection_made; a now holds one connection
-
-        shared.connect()
         before_a, before_b = a.statistics(), b.statistics()
         iterate(a, 1)
-        assert accepts(a, before_a) == (0, 0)  # loaded: no accept, a retry timer
-        assert len(retry_handles(a)) == 1 and not listening(a, server_a)
-        iterate(b, 1)
-        assert accepts(b, before_b) == (1, 0)  # the unloaded sibling takes it
+        assert accepts(a, before_a) == (1, 0)  # not resting: at once
+        assert not listening(a, server_a)
 
-        # a's retry: one accept, EAGAIN (b won: contested), listener back.
-        run(a, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
-        assert accepts(a, before_a) == (1, 1)
-        assert a._balanced.contested == 1
+        shared.connect()
+        iterate(a, 1)
+        assert accepts(a, before_a) == (1, 0)  # resting: does not accept
+        iterate(b, 1)
+        assert accepts(b, before_b) == (1, 0)  # the sibling takes it at once
+
+        # a's rest ends: one accept, EAGAIN (nobody waited for a), listener back.
+        cooldown = a._balanced.cooldown
+        run(a, asyncio.sleep(PAST_A_REST))
+        assert accepts(a, before_a) == (2, 1)
+        assert a._balanced.contested == 1 and a._balanced.cooldown > cooldown
         assert listening(a, server_a) and not retry_handles(a)
+
+        # a accepts at once again.
+        shared.connect()
+        iterate(a, 1)
+        assert accepts(a, before_a) == (3, 1)
     finally:
         shared.close()
 
 
-def test_balanced_lone_loaded_worker_still_accepts_and_resumes(
+def test_balanced_lone_worker_takes_what_waited_for_its_rest(
     clients: list[socket.socket],
 ) -> None:
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
         server = start(loop)
-        connect(server, clients, 2)
+        connect(server, clients, 3)
         before = loop.statistics()
         iterate(loop, 1)
         assert accepts(loop, before) == (1, 0)
-        iterate(loop, 1)  # loaded now: the second one waits for the retry
-        assert accepts(loop, before) == (1, 0) and not listening(loop, server)
-        run(loop, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
-        assert accepts(loop, before) == (2, 0)  # nobody else took it: we do
-        assert loop._balanced.uncontested == 1 and listening(loop, server)
-
-        # Load gone (connections closed, heat decayed): at once again.
-        for client in clients:
-            client.close()
-        clients.clear()
-        run(loop, asyncio.sleep(20 * _loop.BALANCED_HEAT_HALF_LIFE))
-        assert server._active_count == 0  # type: ignore[attr-defined]
-        connect(server, clients, 1)
-        before = loop.statistics()
-        iterate(loop, 1)
-        assert accepts(loop, before) == (1, 0)
+        cooldown = loop._balanced.cooldown
+        run(loop, asyncio.sleep(PAST_A_REST))
+        # Two waited: both taken in the rest's burst, which ends at EAGAIN.
+        assert accepts(loop, before) == (4, 1)
+        assert loop._balanced.uncontested == 1 and loop._balanced.cooldown < cooldown
+        assert listening(loop, server)
         stop(loop, server)
     finally:
         loop.close()
 
 
-def test_balanced_server_close_during_the_delay_cancels_the_retry(
+def test_balanced_server_close_during_a_rest_cancels_it(
     clients: list[socket.socket], loop_errors: LoopErrors
 ) -> None:
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
@@ -425,14 +425,14 @@ def test_balanced_server_close_during_the_delay_cancels_the_retry(
     try:
         server = start(loop)
         connect(server, clients, 2)
-        iterate(loop, 2)
+        iterate(loop, 1)
+        assert retry_handles(loop)  # resting, one connection still queued
         before = loop.statistics()
-        assert retry_handles(loop)  # the second connection waits for a retry
         listener = server.sockets[0]
         server.close()
         assert listener.fileno() == -1
         assert not retry_handles(loop) and not loop._accept_delayed
-        run(loop, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
+        run(loop, asyncio.sleep(PAST_A_REST))
         assert accepts(loop, before) == (0, 0)  # nothing touched the closed socket
         stop(loop, server)
     finally:
@@ -455,11 +455,10 @@ class StarvedListener:
         raise OSError(errno.EMFILE, "Too many open files")
 
 
-@pytest.mark.parametrize("loaded", [False, True], ids=["at-once", "after-delay"])
-def test_balanced_emfile_backs_off_once(loaded: bool, loop_errors: LoopErrors) -> None:
-    """EMFILE on the immediate accept or on the delayed retry: reported once,
-    the listener out of the poller, one back-off retry scheduled, no balanced
-    retry left behind."""
+@pytest.mark.parametrize("resting", [False, True], ids=["at-once", "after-a-rest"])
+def test_balanced_emfile_backs_off_once(resting: bool, loop_errors: LoopErrors) -> None:
+    """EMFILE on the polled accept or at the end of a rest: reported once, the
+    listener out of the poller, one back-off retry scheduled, no rest left."""
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     loop.set_exception_handler(loop_errors.handler)
     loop_errors.expect("socket.accept() out of system resource")
@@ -468,14 +467,13 @@ def test_balanced_emfile_backs_off_once(loaded: bool, loop_errors: LoopErrors) -
     real.listen(10)
     fake = StarvedListener(real)
     try:
-        if loaded:
-            loop._balanced.delay(0, loop.time())  # stamp the heat at now
-            loop._balanced.accepted()  # took one just now
         loop._add_reader(real.fileno(), lambda: None)
-        loop._accept_connection(Counting, fake, None, None, 100)
-        if loaded:
+        if resting:
+            loop._accept_rest(Counting, fake, None, None, 100, ())
             assert fake.calls == 0 and len(retry_handles(loop)) == 1
-            run(loop, asyncio.sleep(3 * _loop.BALANCED_MAX_DELAY))
+            run(loop, asyncio.sleep(PAST_A_REST))
+        else:
+            loop._accept_connection(Counting, fake, None, None, 100)
         assert fake.calls == 1
         assert len(loop_errors.contexts) == 1
         assert loop_errors.contexts[0]["exception"].errno == errno.EMFILE
