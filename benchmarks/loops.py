@@ -126,6 +126,15 @@ def factory(name: str) -> LoopFactory:
     return lambda: asyncio_relaxed.new_event_loop(**settings)
 
 
+def config(name: str) -> dict[str, object] | None:
+    """The full settings loop *name* runs with (environment included), or None."""
+    if SPECS[name].kind != "relaxed" or name in BASELINES:
+        return None
+    resolved = asyncio_relaxed.resolve(SPECS[name].settings)
+    return {f.name: str(getattr(resolved, f.name)) if isinstance(getattr(resolved, f.name), str)
+            else getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
+
+
 def version(name: str) -> str:
     """The version of the package behind loop *name*."""
     kind = SPECS[name].kind

@@ -72,6 +72,10 @@ def machine() -> dict[str, Any]:
         "client_cpu": client_cpu,
         "wrk": wrk_version(),
         "strace": shutil.which("strace") is not None,
+        # Settings the children inherit: they change what the loops do.
+        "environment": {k: v for k, v in os.environ.items()
+                        if k.startswith("ASYNCIO_RELAXED_") or k in ("PYTHONASYNCIODEBUG",
+                                                                     "PYTHONDEVMODE")},
     }
 
 
@@ -424,6 +428,7 @@ def run(
                    "order": "per workload, loops interleaved in each repeat"},
         "loops": {n: {"version": loops.version(n), "kind": loops.SPECS[n].kind,
                       "settings": dict(loops.SPECS[n].settings), "about": loops.SPECS[n].about,
+                      "config": loops.config(n),
                       **({"baseline": loops.baseline_path(n)} if "@" in n else {})}
                   for n in all_loops if n not in skipped},
         "skipped": skipped,
