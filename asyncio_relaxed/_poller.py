@@ -24,6 +24,18 @@ A change marks the fd dirty; :meth:`select` sends the net change of every dirty
 fd to the kernel, then waits.  A reader removed and added back before the next
 poll costs nothing.
 
+Lazy removal of reading interest (HAProxy's lazy updates: its 2.x pollers cut
+``epoll_ctl`` from 20,078 to 66 per test).  When the only change of an owned
+fd (edge 1 below) is that reading is no longer wanted, the flush does not tell
+the kernel at all: the fd stays polled for input.  A keep-alive connection
+that pauses reading and resumes it a few iterations later, while its peer
+sends nothing, so costs no system call.  Only if an event for the unwanted
+direction actually arrives is the change applied, then (one MOD or DEL, as an
+eager flush would have sent, plus the wake-up that brought the event).  The
+event itself is dropped: the loop only sees what is wanted.  Removing *write*
+interest is never lazy: a socket whose buffer drained is writable, so the
+EPOLLOUT nobody wants would arrive at the very next poll.
+
 epoll's sharp edges, and what we do about each
 ----------------------------------------------
 
@@ -94,6 +106,21 @@ _BOTH = EVENT_READ | EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _HAS_EPOLL = hasattr(select, "epoll")
+_EPOLLIN = getattr(select, "EPOLLIN", 1)
+_EPOLLOUT = getattr(select, "EPOLLOUT", 4)
+
+
+def _kernel_to_mask(kmask: int) -> int:
+    """An epoll event mask as EVENT_READ/EVENT_WRITE.
+
+    Errors and hang-ups wake both directions, as in selectors.EpollSelector.
+    """
+    mask = 0
+    if kmask & ~_EPOLLIN:
+        mask |= EVENT_WRITE
+    if kmask & ~_EPOLLOUT:
+        mask |= EVENT_READ
+    return mask
 
 
 def _fileobj_to_fd(fileobj: Any) -> int:
@@ -143,16 +170,10 @@ class EpollBackend:
         self._epoll.unregister(fd)
 
     def poll(self, timeout: float | None, max_events: int) -> list[tuple[int, int]]:
-        ready = []
-        for fd, kmask in self._epoll.poll(-1 if timeout is None else timeout, max_events):
-            # Errors and hang-ups wake both directions, as in selectors.
-            mask = 0
-            if kmask & ~select.EPOLLIN:
-                mask |= EVENT_WRITE
-            if kmask & ~select.EPOLLOUT:
-                mask |= EVENT_READ
-            ready.append((fd, mask))
-        return ready
+        return [
+            (fd, _kernel_to_mask(kmask))
+            for fd, kmask in self._epoll.poll(-1 if timeout is None else timeout, max_events)
+        ]
 
     def close(self) -> None:
         self._epoll.close()
@@ -271,6 +292,8 @@ class Poller(selectors.BaseSelector):
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
         self._map = _Mapping(self)
         self._closed = False
+        # The epoll object for the fast path of select(), None on other backends.
+        self._epoll: Any = backend._epoll if isinstance(backend, EpollBackend) else None
 
     # -- introspection -------------------------------------------------
 
@@ -316,10 +339,15 @@ class Poller(selectors.BaseSelector):
         self._owned.add(fd)
 
     def release(self, fd: int) -> None:
-        """*fd* is about to be closed: apply its pending change now."""
+        """*fd* is about to be closed: apply its pending change now.
+
+        That includes a lazily kept reading interest: once the owner has
+        closed the fd, a duplicate of the file could keep the registration
+        alive where no number names it any more (edge 1).
+        """
         self._owned.discard(fd)
-        if fd in self._dirty:
-            self._dirty.discard(fd)
+        self._dirty.discard(fd)
+        if fd in self._applied:
             self._flush_one(fd)
 
     def exclusive(self, fd: int) -> None:
@@ -342,9 +370,14 @@ class Poller(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         key = SelectorKey(fileobj, fd, events, data)
         self._keys[fd] = key
-        if fd in self._owned and fd in self._dirty:
-            # Removed earlier in this iteration, the DEL not sent yet, and the
-            # owner has not closed it: the kernel holds this very file.
+        if fd in self._owned and fd in self._applied:
+            # Removed earlier (this iteration, or lazily kept since) and the
+            # owner has not closed it: the kernel holds this very file, so
+            # only a difference from what it holds needs telling.
+            if events == self._applied[fd]:
+                self._dirty.discard(fd)
+            else:
+                self._dirty.add(fd)
             return key
         try:
             self._apply(fd, events)
@@ -440,12 +473,28 @@ class Poller(selectors.BaseSelector):
             return
         self._dirty = set()
         for fd in dirty:
-            self._flush_one(fd)
+            self._flush_one(fd, lazy=True)
 
-    def _flush_one(self, fd: int) -> None:
+    def _flush_one(self, fd: int, lazy: bool = False) -> None:
+        """Tell the kernel *fd*'s wanted mask, unless it already holds it.
+
+        With *lazy*, a change that only drops reading interest from an owned
+        fd is not sent (see "Lazy removal" above): safe because the owner
+        releases the fd before closing it, and select() applies the change
+        when an unwanted event comes.
+        """
         key = self._keys.get(fd)
         wanted = key.events if key is not None else 0
-        if wanted == self._applied.get(fd, 0) or fd in self._always_ready:
+        applied = self._applied.get(fd, 0)
+        if wanted == applied or fd in self._always_ready:
+            return
+        if (
+            lazy
+            and not wanted & ~applied  # nothing to add
+            and (applied & ~wanted) == EVENT_READ  # only reading dropped
+            and fd in self._owned
+            and fd not in self._exclusive
+        ):
             return
         if not wanted:
             self._remove_now(fd)
@@ -477,25 +526,90 @@ class Poller(selectors.BaseSelector):
                 # timer due in 0.3 ms does not become a busy loop of zero waits.
                 timeout = math.ceil(timeout * 1e3) * 1e-3
         keys = self._keys
-        self.stats.poll_waits += 1
-        try:
-            fd_events = self._backend.poll(timeout, max(len(keys), 1))
-        except InterruptedError:
-            fd_events = []
+        stats = self.stats
+        stats.poll_waits += 1
         ready = []
-        for fd, mask in fd_events:
-            key = keys.get(fd)
-            if key is None:
-                self._stray(fd)
-                continue
-            mask &= key.events
-            if mask:
+        epoll = self._epoll
+        if epoll is not None:
+            # Fast path for the epoll backend, the one every event of a busy
+            # server goes through: the kernel's (fd, mask) pairs are turned
+            # into (key, mask) in one pass, without EpollBackend.poll's
+            # intermediate list.  Same translation as EpollBackend.poll.
+            try:
+                fd_events = epoll.poll(-1 if timeout is None else timeout, len(keys) or 1)
+            except InterruptedError:
+                fd_events = []
+            for fd, kmask in fd_events:
+                key = keys.get(fd)
+                if key is None:
+                    self._unwanted(fd)
+                    continue
+                if kmask == _EPOLLIN:
+                    mask = EVENT_READ  # the common case, by far
+                else:
+                    mask = _kernel_to_mask(kmask)
+                events = key.events
+                if mask & ~events:
+                    self._unwanted(fd)
+                    mask &= events
+                    if not mask:
+                        continue
+                ready.append((key, mask))
+        else:
+            try:
+                fd_events = self._backend.poll(timeout, max(len(keys), 1))
+            except InterruptedError:
+                fd_events = []
+            for fd, mask in fd_events:
+                key = keys.get(fd)
+                if key is None:
+                    self._unwanted(fd)
+                    continue
+                events = key.events
+                if mask & ~events:
+                    self._unwanted(fd)
+                    mask &= events
+                    if not mask:
+                        continue
                 ready.append((key, mask))
         for fd in self._always_ready:
             key = keys[fd]
             ready.append((key, key.events))
-        self.stats.events += len(ready)
+        stats.events += len(ready)
         return ready
+
+    def _unwanted(self, fd: int) -> None:
+        """The kernel reported a direction nobody wants on *fd*.
+
+        Either a lazily kept reading interest (apply the removal now), an
+        error or hang-up (reported for both directions; nothing to do when
+        the kernel holds what is wanted), or a stray (edge 4).
+        """
+        if fd in self._owned and fd in self._applied:
+            self._dirty.discard(fd)
+            key = self._keys.get(fd)
+            if key is not None:
+                self._flush_one(fd)  # a MOD, if the kernel holds more
+                return
+            del self._applied[fd]
+            self.stats.epoll_ctl_del += 1
+            try:
+                self._backend.remove(fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.EBADF):
+                    if self.on_error is None:
+                        raise
+                    self.on_error(fd, exc)
+                elif isinstance(self._backend, EpollBackend):
+                    # The owner broke its promise and closed the fd while a
+                    # duplicate keeps the registration alive: epoll reports
+                    # it under a number we cannot remove (edges 1 and 4).
+                    self._rebuild()
+            return
+        if fd not in self._keys:
+            self._stray(fd)
+        # Otherwise an error or hang-up woke both directions of a registered
+        # fd whose kernel mask is what is wanted: nothing to change.
 
     def _stray(self, fd: int) -> None:
         """The kernel reported an fd we no longer watch (edge 4)."""
@@ -512,6 +626,7 @@ class Poller(selectors.BaseSelector):
         """Replace the epoll set with one built from the wanted masks."""
         self._backend.close()
         self._backend = EpollBackend()
+        self._epoll = self._backend._epoll
         self._applied.clear()
         self._dirty = set(self._keys) - self._always_ready
         self.flush()

@@ -384,6 +384,56 @@ def test_unregister_of_owned_fd_is_deferred_then_one_del(poller: Poller, pair: P
     assert poller.stats.events == 0
 
 
+def test_owned_read_removal_is_lazy_until_an_event(poller: Poller, pair: Pair) -> None:
+    """An owned fd whose reading interest is dropped stays polled: nothing is
+    sent at the flush; the first unwanted event sends the DEL and is dropped."""
+    a, b = pair()
+    poller.own(a.fileno())
+    poller.register(a, R)
+    poller.unregister(a)
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 0)
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 0)
+    # Registered again later, with the kernel still holding R: free.
+    key = poller.register(a, R)
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 0, 0)
+    poller.modify(a, W)  # R dropped, W added: not lazy, one MOD
+    assert poller.select(0) == [(key._replace(events=W), W)]
+    assert ctl(poller) == (1, 1, 0)
+    poller.unregister(a)
+    b.send(b"x")
+    # W dropped: never lazy (a writable socket would wake the next poll).
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 1, 1)
+
+
+def test_owned_write_removal_is_sent_at_the_flush(poller: Poller, pair: Pair) -> None:
+    a, _ = pair()
+    poller.own(a.fileno())
+    poller.register(a, R | W)
+    poller.modify(a, R)
+    assert poller.select(0) == []
+    assert ctl(poller) == (1, 1, 0)
+
+
+def test_lazy_read_removal_keeps_writes_flowing(poller: Poller, pair: Pair) -> None:
+    """R|W -> W on an owned fd: lazy, W events still arrive; an R event
+    nobody wants sends one MOD and is not reported."""
+    a, b = pair()
+    poller.own(a.fileno())
+    poller.register(a, R | W)
+    key = poller.modify(a, W)
+    assert poller.select(0) == [(key, W)]
+    assert ctl(poller) == (1, 0, 0)
+    b.send(b"x")
+    assert poller.select(0) == [(key, W)]
+    assert ctl(poller) == (1, 1, 0)
+    assert poller.select(0) == [(key, W)]
+    assert ctl(poller) == (1, 1, 0)
+
+
 # -- unregister + register before the flush -----------------------------------
 
 
@@ -546,12 +596,13 @@ def test_stray_events_from_dup_rebuild_the_epoll_set(
             if e.fileno() != number:
                 pytest.skip(f"the new socket got fd {e.fileno()}, not {number}")
         assert epoll.select(0) == [(key_c, R)]
-        # ADD a, c, idle; the DEL at the flush and the DEL of the stray both
-        # fail; the rebuilt epoll set gets c and idle again.
-        assert ctl(epoll) == (5, 0, 2)
+        # ADD a, c, idle; the flush keeps a's reading interest (lazy
+        # removal), the event for it sends the DEL, which fails; the
+        # rebuilt epoll set gets c and idle again.
+        assert ctl(epoll) == (5, 0, 1)
         for _ in range(3):
             assert epoll.select(0) == [(key_c, R)]
-        assert ctl(epoll) == (5, 0, 2)
+        assert ctl(epoll) == (5, 0, 1)
         assert epoll.stats.events == 4
         assert epoll.stats.poll_waits == 4
     finally:
