@@ -71,11 +71,12 @@ class AcceptStrategy(str, enum.Enum):
     #: One accept, then give up the CPU (nanosleep 1 ns, libuv 2012's relaxed
     #: accept) so a sibling process sharing the socket takes the next one.
     RELAXED = "relaxed"
-    #: One accept per event, but a worker that holds more than its share of
-    #: the load first takes the listener out of the poller for a short delay
-    #: that grows with its load, so a less-loaded sibling process woken by
-    #: the same connection takes it (nginx's accept_disabled is the precedent;
-    #: the theory of operation is in _loop.py, above BalancedGate).
+    #: One accept per event, then the worker rests: the listener leaves its
+    #: poller for a while that grows with the connections it holds, so a
+    #: sibling process sharing the socket takes the next ones; the rest
+    #: adapts to whether connections had to wait for it.  No shared memory
+    #: (nginx's accept_disabled is the precedent; the theory of operation is
+    #: in _loop.py, above BalancedGate).
     BALANCED = "balanced"
 
     def __str__(self) -> str:
@@ -138,7 +139,8 @@ class Config:
             "process. single and relaxed trade accept throughput for an even "
             "spread across processes sharing a listener (libuv measured relaxed "
             "at 3,944 vs 12,331 req/s in node http_simple_auto and turned it off); "
-            "balanced defers accepts in a worker that holds more than its share."
+            "balanced rests a worker after each accept, longer the more "
+            "connections it holds, for an even spread at little cost."
         ),
     )
     accept_batch: int = _field(

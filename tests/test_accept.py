@@ -289,7 +289,7 @@ def test_balanced_gate_without_sockets() -> None:
     for _ in range(1000):
         gate.rested(waited=False)
     assert gate.cooldown == _loop.BALANCED_MAX_REST
-    assert (gate.uncontested, gate.contested) == (101, 1001)
+    assert (gate.rests_waited, gate.rests_idle) == (101, 1001)
 
 
 class SharedListener:
@@ -385,7 +385,7 @@ def test_balanced_resting_worker_leaves_the_connection_to_a_sibling() -> None:
         cooldown = a._balanced.cooldown
         run(a, asyncio.sleep(PAST_A_REST))
         assert accepts(a, before_a) == (2, 1)
-        assert a._balanced.contested == 1 and a._balanced.cooldown > cooldown
+        assert a._balanced.rests_idle == 1 and a._balanced.cooldown > cooldown
         assert listening(a, server_a) and not retry_handles(a)
 
         # a accepts at once again.
@@ -410,7 +410,7 @@ def test_balanced_lone_worker_takes_what_waited_for_its_rest(
         run(loop, asyncio.sleep(PAST_A_REST))
         # Two waited: both taken in the rest's burst, which ends at EAGAIN.
         assert accepts(loop, before) == (4, 1)
-        assert loop._balanced.uncontested == 1 and loop._balanced.cooldown < cooldown
+        assert loop._balanced.rests_waited == 1 and loop._balanced.cooldown < cooldown
         assert listening(loop, server)
         stop(loop, server)
     finally:
