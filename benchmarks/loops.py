@@ -146,11 +146,9 @@ def version(name: str) -> str:
         rev = subprocess.run(["git", "-C", BASELINES[name], "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True).stdout.strip()
         return f"checkout {BASELINES[name]}" + (f" at {rev}" if rev else "")
-    if kind == "relaxed":
-        return asyncio_relaxed.__version__
     from importlib import metadata
 
     try:
-        return metadata.version(kind)
+        return metadata.version("asyncio-relaxed" if kind == "relaxed" else kind)
     except metadata.PackageNotFoundError:
         return "missing"

@@ -104,7 +104,7 @@ def headline(doc: dict[str, Any]) -> str:
               if m["pinned"] else "not pinned (one CPU)")
     method = doc["method"]
     seen: dict[str, str] = {}
-    for name, data in doc["loops"].items():
+    for data in doc["loops"].values():
         label = "asyncio_relaxed" if data["kind"] == "relaxed" else data["kind"]
         if "baseline" in data:
             label = "@base:"
