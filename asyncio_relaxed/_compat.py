@@ -110,6 +110,12 @@ def server_detach(server: Any, transport: Any) -> None:
         server._detach()
 
 
+def server_active_count(server: Any) -> int:
+    """Open transports of an asyncio Server (attached in the transport's
+    __init__, detached at connection_lost): Server._active_count, 3.10-3.13."""
+    return int(getattr(server, "_active_count", 1))
+
+
 def cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """asyncio.runners._cancel_all_tasks, for run() on 3.10."""
     from asyncio import runners

@@ -375,7 +375,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # The server's count of its open transports (attached in the
         # transport's __init__, detached at connection_lost): exact, where
         # len(self._transports) keeps closed transports until collected.
-        active = getattr(server, "_active_count", 1) if server is not None else 1
+        active = _compat.server_active_count(server) if server is not None else 1
         fd = sock.fileno()
         self._remove_reader(fd)
         self._accept_delayed[fd] = self.call_later(
