@@ -485,9 +485,21 @@ def _fits(w: Workload, loop: str) -> bool:
     return not (("accept" in settings) and not accept_workload)
 
 
+def _finite(value: Any) -> Any:
+    """Standard JSON has no infinity: an infinite figure (max/min when a
+    worker got nothing) is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def save(doc: dict[str, Any], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = doc["started"].replace(":", "").replace("-", "").replace("+0000", "Z")
     path = directory / f"{stamp}.json"
-    path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+    path.write_text(json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
     return path

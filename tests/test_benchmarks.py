@@ -154,7 +154,7 @@ def test_missing_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) ->
 #: forced by the "http" client kind (wrk is used for "wrk" when installed).
 SMOKE = [
     "echo-protocol-1k-c10", "echo-buffered-1k-c10", "echo-streams-1k-c10", "http-0b",
-    "pipe-100k", "small-writes", "churn", "idle-2000",
+    "pipe-100k", "small-writes", "churn", "idle-2000", "fairness-k2-c10-close",
 ]
 
 

@@ -16,6 +16,7 @@ from benchmarks import fairness
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
 
+@pytest.mark.bench
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("loop", ["asyncio", "relaxed-balanced"])
 @pytest.mark.parametrize("keepalive", [False, True], ids=["close", "keepalive"])
