@@ -3,14 +3,20 @@
 Theory of operation
 ===================
 
-Reads.  Each readiness event does one ``recv_into`` into a buffer the loop
-allocated once; a plain Protocol gets an exact-size ``bytes`` copy, a
-BufferedProtocol gets ``recv_into`` on its own buffer.  Stock asyncio calls
-``sock.recv(256 KiB)`` instead, and glibc serves a 256 KiB allocation with
-mmap, so every read costs mmap + mremap + munmap besides the recv (DESIGN.md
-§3.2, measured on a 1 KiB echo).
+Reads.  Each readiness event does one read.  A plain Protocol gets ``bytes``;
+while the traffic comes in pieces under 64 KiB that is ``recv(64 KiB)``: CPython
+allocates the 64 KiB from the heap (below glibc's 128 KiB mmap threshold) and
+shrinks the result in place, cheaper than a copy out of a buffer (DESIGN.md
+§3.2: 7.3 µs/request for a minimal loop).  A read that fills those 64 KiB
+switches the transport to ``recv_into`` on the buffer the loop allocated once
+(``read_size``, stock's 256 KiB) plus an exact-size copy, until a read comes in
+under 64 KiB again; so a bulk transfer still reads as much per call as stock.
+A BufferedProtocol gets ``recv_into`` on its own buffer.  Stock asyncio calls
+``sock.recv(256 KiB)``, and glibc serves a 256 KiB allocation with mmap, so
+every read costs mmap + mremap + munmap besides the recv (DESIGN.md §3.2,
+measured on a 1 KiB echo).
 
-Writes.  ``_buffer`` is a deque of immutable chunks (a bytearray or a
+Writes.  ``_buffer`` is a list of immutable chunks (a bytearray or a
 memoryview of one is copied, so the caller may reuse it when ``write``
 returns); ``_buffer_size`` is their total, kept so flow control never walks
 the deque.  A transport is in exactly one of these write states:
@@ -43,8 +49,6 @@ Error texts and the exception-handler contexts are stock asyncio's
 
 from __future__ import annotations
 
-import collections
-import itertools
 import socket
 import warnings
 from asyncio import protocols
@@ -64,6 +68,10 @@ except (AttributeError, ValueError, OSError):
     IOV_MAX = 16
 
 _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
+
+# The size of a small read (see "Reads" above): under glibc's default
+# M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
+SMALL_READ = 64 * 1024
 
 
 def is_tcp(sock: socket.socket) -> bool:
@@ -103,6 +111,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_protocol_connected",
         "_queued",
         "_read_ready_cb",
+        "_recv_size",
         "_sending",
         "_server",
         "_sock",
@@ -149,9 +158,15 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._sock_fd = sock.fileno()
         self._protocol_connected = False
         self._read_ready_cb: Any = None
+        # recv() size for the next read; 0 while reads fill SMALL_READ (bulk
+        # traffic), which then go through the loop's buffer.
+        self._recv_size = min(SMALL_READ, loop._config.read_size)
         self.set_protocol(protocol)
         self._server = server
-        self._buffer: collections.deque[bytes | memoryview] = collections.deque()
+        # A list, not a deque: an empty deque costs 760 bytes per connection
+        # (its first block), a list 56; chunks leave from the front only in
+        # _consume, with one slice deletion per send.
+        self._buffer: list[bytes | memoryview] = []
         self._buffer_size = 0
         self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
         self._closing = False  # Set when close() is called.
@@ -159,7 +174,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._eof = False  # Set when write_eof() is called.
         self._empty_waiter: Any = None  # Set while loop.sendfile() waits.
         self._queued = False  # Set while in the loop's write or feed queue.
-        self._sending = False  # Set while _write_now runs (re-entrancy guard).
+        self._sending = False  # Set while _write_now runs resume_writing() (re-entrancy guard).
         self._polling_write = False  # Set while waiting for EPOLLOUT.
         self._feeds = 0  # Short writes retried without waiting, in a row.
         config = loop._config
@@ -182,7 +197,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 set_options(sock, loop._tcp_sockopts)
         loop.call_soon(self._protocol.connection_made, self)
         # Start reading only once connection_made() has run.
-        loop.call_soon(self._add_reader, self._sock_fd, self._read_ready)
+        loop.call_soon(self._start_reading)
         if waiter is not None:
             loop.call_soon(_compat.set_result_unless_cancelled, waiter, None)
 
@@ -215,12 +230,22 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     # -- protocol and state ---------------------------------------------
 
     def set_protocol(self, protocol: Any) -> None:
+        old = self._read_ready_cb
         if isinstance(protocol, protocols.BufferedProtocol):
             self._read_ready_cb = self._read_ready__get_buffer
         else:
             self._read_ready_cb = self._read_ready__data_received
         self._protocol = protocol
         self._protocol_connected = True
+        if old is not None and old != self._read_ready_cb:
+            # The poller holds the old kind's read method: swap it (same
+            # mask, so no system call).
+            try:
+                reader = self._loop._selector.get_key(self._sock_fd).data[0]
+            except (KeyError, ValueError, AttributeError):
+                return
+            if reader is not None and not reader._cancelled and reader._callback == old:
+                self._loop._add_reader(self._sock_fd, self._read_ready_cb)
 
     def get_protocol(self) -> Any:
         return self._protocol
@@ -245,7 +270,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._closing or not self._paused:
             return
         self._paused = False
-        self._add_reader(self._sock_fd, self._read_ready)
+        self._start_reading()
         if self._loop.get_debug():
             _compat.transport_logger().debug("%r resumes reading", self)
 
@@ -253,6 +278,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if not self.is_reading():
             return
         self._loop._add_reader(fd, callback, *args)
+
+    def _start_reading(self) -> None:
+        # The reader is the protocol kind's own read method, not _read_ready:
+        # one call less per read.  set_protocol() re-registers on a change.
+        self._add_reader(self._sock_fd, self._read_ready_cb)
 
     def get_write_buffer_size(self) -> int:
         return self._buffer_size
@@ -268,10 +298,18 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     def _read_ready__data_received(self) -> None:
         if self._conn_lost:
             return
-        loop = self._loop
         self._stats.recv += 1
         try:
-            nbytes = self._sock.recv_into(loop._read_buffer)  # type: ignore[union-attr]
+            if self._recv_size:
+                data = self._sock.recv(self._recv_size)  # type: ignore[union-attr]
+                if len(data) == SMALL_READ:
+                    self._recv_size = 0
+            else:
+                loop = self._loop
+                nbytes = self._sock.recv_into(loop._read_buffer)  # type: ignore[union-attr]
+                data = loop._read_view[:nbytes].tobytes()
+                if nbytes < SMALL_READ:
+                    self._recv_size = SMALL_READ
         except (BlockingIOError, InterruptedError):
             self._stats.recv_eagain += 1
             return
@@ -280,10 +318,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         except BaseException as exc:
             self._fatal_error(exc, "Fatal read error on socket transport")
             return
-        if not nbytes:
+        if not data:
             self._read_ready__on_eof()
             return
-        data = loop._read_view[:nbytes].tobytes()
         try:
             self._protocol.data_received(data)
         except (SystemExit, KeyboardInterrupt):
@@ -343,7 +380,8 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     # -- writing ----------------------------------------------------------
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        kind = type(data)
+        if kind is not bytes and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"data argument must be a bytes-like object, not {type(data).__name__!r}"
             )
@@ -356,8 +394,8 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._conn_lost:
             self._drop_write_after_loss()
             return
-        if type(data) is memoryview and (data.ndim != 1 or data.format != "B"):
-            data = data.tobytes()  # byte offsets below assume one byte per item
+        if kind is memoryview and (data.ndim != 1 or data.format != "B"):  # type: ignore[union-attr]
+            data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
         stats = self._stats
         stats.writes += 1
         if not self._buffer and not self._deferred:
@@ -382,10 +420,15 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._after_short_write()
             self._maybe_pause_protocol()
             return
-        self._append(data)
+        if kind is bytes:
+            self._buffer.append(data)  # type: ignore[arg-type]  # bytes: no copy needed
+            self._buffer_size += len(data)
+        else:
+            self._append(data)
         if not (self._queued or self._polling_write or self._sending):
             self._queue_write()
-        self._check_high_water()
+        if self._buffer_size > self._high_water:  # else flow control has nothing to do
+            self._check_high_water()
 
     def writelines(self, list_of_data: Any) -> None:
         if self._eof:
@@ -475,7 +518,6 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         stats = self._stats
         sock = self._sock
-        self._sending = True
         try:
             if len(buffer) == 1 or not _HAS_SENDMSG:
                 stats.send += 1
@@ -483,25 +525,33 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             else:
                 stats.sendmsg += 1
                 stats.writes_coalesced += min(len(buffer), IOV_MAX)
-                n = sock.sendmsg(itertools.islice(buffer, IOV_MAX))  # type: ignore[union-attr]
+                n = sock.sendmsg(  # type: ignore[union-attr]
+                    buffer if len(buffer) <= IOV_MAX else buffer[:IOV_MAX]
+                )
         except (BlockingIOError, InterruptedError):
             stats.send_eagain += 1
             n = 0
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            self._sending = False
             self._write_failed(exc)
             return
-        if n:
+        if n == self._buffer_size:
+            buffer.clear()  # all of it went out, the common case
+            self._buffer_size = 0
+        elif n:
             self._consume(n)
         short = bool(buffer)
         if short:
             stats.partial_writes += 1
-        try:
-            self._maybe_resume_protocol()  # May append to the buffer.
-        finally:
-            self._sending = False
+        if self._protocol_paused:  # else _maybe_resume_protocol does nothing
+            # _sending: a write() from resume_writing() appends, and this
+            # call decides below whether to queue or poll.
+            self._sending = True
+            try:
+                self._maybe_resume_protocol()  # May append to the buffer.
+            finally:
+                self._sending = False
         if self._buffer:
             if short:
                 self._after_short_write()
@@ -516,15 +566,17 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         """Drop the first *n* bytes sent from the buffer."""
         buffer = self._buffer
         self._buffer_size -= n
+        sent = 0  # chunks sent whole
         while n:
-            chunk = buffer[0]
+            chunk = buffer[sent]
             size = len(chunk)
             if size <= n:
-                buffer.popleft()
+                sent += 1
                 n -= size
             else:
-                buffer[0] = memoryview(chunk)[n:]
+                buffer[sent] = memoryview(chunk)[n:]
                 break
+        del buffer[:sent]
 
     def _after_short_write(self) -> None:
         """The kernel took part of the buffer: feed or poll, by policy."""
