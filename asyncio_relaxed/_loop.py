@@ -522,6 +522,67 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if transport._queued:
                 transport._write_now()
 
+    def _dispatch_events(self, event_list: list[tuple[selectors.SelectorKey, int]]) -> int:
+        """Run the I/O callbacks of *event_list* at once; return how many ran.
+
+        Safe only when the ready queue was empty before the poll (the
+        caller checks): stock ``_process_events`` would queue these handles
+        and ``_run_once`` would run them first, in this order, with nothing
+        in between but themselves.  Each still runs through ``Handle._run``
+        (its context, and the exception handler with the ``handle`` key).
+        A handle cancelled by an earlier callback of this batch is skipped,
+        as stock skips it in the ready queue; stock's removal of a reader
+        cancelled before the poll applies only while it is still the fd's
+        reader (an earlier callback may have registered a new one).
+        """
+        ran = 0
+        for index, (key, mask) in enumerate(event_list):
+            reader, writer = key.data
+            if mask & selectors.EVENT_READ and reader is not None:
+                if reader._cancelled:
+                    self._remove_cancelled(key, reader, 0)
+                else:
+                    ran += 1
+                    try:
+                        reader._run()
+                    except BaseException:  # SystemExit, KeyboardInterrupt
+                        if not mask & selectors.EVENT_WRITE:
+                            writer = None
+                        self._requeue(event_list, index, writer)
+                        raise
+            if mask & selectors.EVENT_WRITE and writer is not None:
+                if writer._cancelled:
+                    self._remove_cancelled(key, writer, 1)
+                else:
+                    ran += 1
+                    try:
+                        writer._run()
+                    except BaseException:
+                        self._requeue(event_list, index, None)
+                        raise
+        return ran
+
+    def _requeue(
+        self, event_list: list[tuple[selectors.SelectorKey, int]], index: int, writer: Any
+    ) -> None:
+        """SystemExit or KeyboardInterrupt left a batch half run (Handle._run
+        reports everything else): queue what stock would have queued."""
+        if writer is not None and not writer._cancelled:
+            self._ready.append(writer)
+        self._process_events(event_list[index + 1:])
+
+    def _remove_cancelled(self, key: selectors.SelectorKey, handle: Any, which: int) -> None:
+        """Stock drops a cancelled reader/writer that the poll reported."""
+        try:
+            current = self._selector.get_key(key.fd).data[which]
+        except KeyError:
+            return
+        if current is handle:
+            if which:
+                self._remove_writer(key.fileobj)
+            else:
+                self._remove_reader(key.fileobj)
+
     def _run_once(self) -> None:
         """Run one full iteration of the event loop (see the module docstring)."""
         stats = self._stats
@@ -569,26 +630,47 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
         # Phase: apply interest changes, then poll (both inside select()).
         event_list = self._selector.select(timeout)
-        self._process_events(event_list)
-        # Needed to break cycles when an exception occurs.
-        event_list = None
+        ready = self._ready
+        # Fast path, safe only when nothing was ready before the poll (and
+        # not in debug mode, which times each callback): stock would queue
+        # the I/O handles, then the due timers, and run exactly those, in
+        # that order, before anything they schedule.  The same happens here
+        # without the queue round trip: the due timers are collected first
+        # (before any callback can add or cancel one, as in stock), the I/O
+        # callbacks run straight from the poll's results, then the timers;
+        # what the callbacks scheduled waits for the next iteration.
+        direct = not ready and not self._debug
+        if not direct:
+            self._process_events(event_list)
 
         # Handle 'later' callbacks that are ready.
         end_time = self.time() + self._clock_resolution
-        ready = self._ready
+        due = [] if direct else ready
         while scheduled:
             handle = scheduled[0]
             if handle._when >= end_time:
                 break
             handle = heapq.heappop(scheduled)
             handle._scheduled = False
-            ready.append(handle)
+            due.append(handle)
+
+        ran = added = 0
+        if direct:
+            try:
+                ran = self._dispatch_events(event_list)
+            finally:
+                # What the I/O callbacks scheduled (or, after SystemExit /
+                # KeyboardInterrupt, the rest of the batch) stays behind the
+                # due timers' turn.
+                added = len(ready)
+                ready.extendleft(reversed(due))
+        # Needed to break cycles when an exception occurs.
+        event_list = None
 
         # Phase: run the callbacks that are ready now, not those they add:
         # those run next time, after another poll.  The popleft idiom is
         # thread-safe without locks (call_soon_threadsafe appends).
-        ntodo = len(ready)
-        ran = 0
+        ntodo = len(ready) - added
         for _ in range(ntodo):
             handle = ready.popleft()
             if handle._cancelled:
