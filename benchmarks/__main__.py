@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the default set (or --full, or --workloads)")
     r.add_argument("--full", action="store_true", help="every workload, not the default set")
-    r.add_argument("--workloads", help=f"comma-separated; known: {', '.join(WORKLOADS)}")
+    r.add_argument("--workloads", help="comma-separated names or shell patterns (echo-*); "
+                   f"known: {', '.join(WORKLOADS)}")
     r.add_argument("--loops", help=f"comma-separated; known: {', '.join(loops.SPECS)}")
     r.add_argument("--duration", type=float, default=1.0, help="measured seconds per run (1)")
     r.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per run (0.5)")

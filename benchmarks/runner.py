@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fnmatch
 import json
 import math
 import os
@@ -380,12 +381,15 @@ def summarize(samples: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str
 
 
 def select(names: Sequence[str] | None, full: bool) -> list[Workload]:
+    """The workloads named (shell patterns allowed: ``echo-*``), or the
+    default set, or every workload with *full*."""
     if names:
-        unknown = [n for n in names if n not in WORKLOADS]
+        unknown = [n for n in names if not fnmatch.filter(WORKLOADS, n)]
         if unknown:
             raise SystemExit(f"unknown workload(s) {', '.join(unknown)}; "
                              f"known: {', '.join(WORKLOADS)}")
-        return [WORKLOADS[n] for n in names]
+        return [w for name, w in WORKLOADS.items() if any(fnmatch.fnmatchcase(name, n)
+                                                           for n in names)]
     return [w for w in WORKLOADS.values() if full or w.default]
 
 

@@ -130,6 +130,13 @@ def test_unknown_loop_and_workload_fail_clearly(capsys: pytest.CaptureFixture[st
     assert loops.missing("nope") is not None
 
 
+def test_workloads_by_pattern() -> None:
+    names = [w.name for w in runner.select(["fairness-k2-*", "churn"], full=False)]
+    assert set(names) == {"churn", *(f"fairness-k2-c{c}-{m}" for c in (1, 10, 100)
+                                     for m in ("close", "keepalive"))}
+    assert len(runner.select(None, full=True)) == len(WORKLOADS)
+
+
 def test_missing_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     real = loops.importlib.import_module
 
