@@ -9,8 +9,17 @@ allocates the 64 KiB from the heap (below glibc's 128 KiB mmap threshold) and
 shrinks the result in place, cheaper than a copy out of a buffer (DESIGN.md
 §3.2: 7.3 µs/request for a minimal loop).  A read that fills those 64 KiB
 switches the transport to ``recv_into`` on the buffer the loop allocated once
-(``read_size``, stock's 256 KiB) plus an exact-size copy, until a read comes in
-under 64 KiB again; so a bulk transfer still reads as much per call as stock.
+(``read_size``, stock's 256 KiB) plus an exact-size copy, until two reads in
+a row come in under 64 KiB; so a bulk transfer still reads as much per call as
+stock, and a message just over 64 KiB (the tail of each 100 KiB echo, the
+benchmark suite's echo-protocol-100k) does not flip the transport back and
+forth, which cost a second read and a second data_received per message.
+A read that fills the whole buffer means streaming: the transport then calls
+``recv(read_size)`` like stock until a read comes in short.  Full-size reads
+are what glibc serves from the heap (freeing one full-size mmapped chunk
+raises its mmap threshold), and the copy out of the shared buffer was the
+dearer part there: it halved tcp-raw-pipe throughput with 100 KiB chunks
+(8.0 vs 14.8 Gbit/s, benchmarks/ pipe-100k, 2026-11-30).
 A BufferedProtocol gets ``recv_into`` on its own buffer.  Stock asyncio calls
 ``sock.recv(256 KiB)``, and glibc serves a 256 KiB allocation with mmap, so
 every read costs mmap + mremap + munmap besides the recv (DESIGN.md §3.2,
@@ -158,8 +167,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._sock_fd = sock.fileno()
         self._protocol_connected = False
         self._read_ready_cb: Any = None
-        # recv() size for the next read; 0 while reads fill SMALL_READ (bulk
-        # traffic), which then go through the loop's buffer.
+        # recv() size for the next read while reads are small (SMALL_READ
+        # or less) or streaming (read_size); in buffer mode (recv_into the
+        # loop's buffer) 0, or -1 after one short read.
         self._recv_size = min(SMALL_READ, loop._config.read_size)
         self.set_protocol(protocol)
         self._server = server
@@ -300,16 +310,27 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         self._stats.recv += 1
         try:
-            if self._recv_size:
-                data = self._sock.recv(self._recv_size)  # type: ignore[union-attr]
-                if len(data) == SMALL_READ:
+            size = self._recv_size
+            if size > 0:
+                data = self._sock.recv(size)  # type: ignore[union-attr]
+                if size > SMALL_READ:  # streaming
+                    if len(data) < size:
+                        self._recv_size = 0
+                elif len(data) == SMALL_READ:
                     self._recv_size = 0
             else:
                 loop = self._loop
-                nbytes = self._sock.recv_into(loop._read_buffer)  # type: ignore[union-attr]
+                buffer = loop._read_buffer
+                nbytes = self._sock.recv_into(buffer)  # type: ignore[union-attr]
                 data = loop._read_view[:nbytes].tobytes()
-                if nbytes < SMALL_READ:
+                if nbytes == len(buffer) and nbytes > SMALL_READ:
+                    self._recv_size = nbytes  # streaming
+                elif nbytes >= SMALL_READ:
+                    self._recv_size = 0
+                elif size:  # the second short read in a row
                     self._recv_size = SMALL_READ
+                else:
+                    self._recv_size = -1
         except (BlockingIOError, InterruptedError):
             self._stats.recv_eagain += 1
             return

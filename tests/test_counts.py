@@ -198,6 +198,63 @@ def test_one_recv_per_readiness_event(relaxed_loop: asyncio_relaxed.Loop) -> Non
     b.close()
 
 
+def test_messages_over_64k_take_one_read_each(relaxed_loop: asyncio_relaxed.Loop) -> None:
+    """A read that fills 64 KiB switches the transport to the loop's buffer;
+    it switches back only after two short reads in a row, so 100 KiB messages
+    cost one recv each once the first has shown the traffic is bulk (it was
+    two recv and two data_received per message, the second for the 36 KiB
+    tail, when one short read switched back)."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    transport = attach(relaxed_loop, a)
+    message = b"m" * (100 * 1024)
+    reads = []
+    for _ in range(4):
+        before = relaxed_loop.statistics()
+        b.sendall(message)  # all of it in the socket before the loop reads
+        got = len(transport.get_protocol().data)
+        while len(transport.get_protocol().data) < got + len(message):
+            iterate(relaxed_loop, 1)
+        reads.append((relaxed_loop.statistics() - before).recv)
+    assert reads == [2, 1, 1, 1]  # 64 KiB + 36 KiB, then one read per message
+    assert len(transport.get_protocol().data) == 4 * len(message)
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_every_read_mode_delivers_the_bytes_in_order(relaxed_loop: asyncio_relaxed.Loop) -> None:
+    """Small reads, the loop's buffer, streaming full-size reads, and back:
+    a 3 MiB transfer then a small message arrive whole and in order."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    transport = attach(relaxed_loop, a)
+    payload = bytes(range(256)) * (3 * 4096) + b"tail"
+    modes = {transport._recv_size}  # white box: which read modes ran
+    b.setblocking(False)
+    sent = 0
+    while sent < len(payload):
+        try:
+            sent += b.send(payload[sent:sent + (1 << 20)])
+        except BlockingIOError:
+            pass
+        iterate(relaxed_loop, 1)
+        modes.add(transport._recv_size)
+    while len(transport.get_protocol().data) < len(payload):
+        iterate(relaxed_loop, 1)
+        modes.add(transport._recv_size)
+    assert {64 * 1024, 0, relaxed_loop.config.read_size} <= modes  # small, buffer, streaming
+    b.send(b"small")
+    while len(transport.get_protocol().data) < len(payload) + 5:
+        iterate(relaxed_loop, 1)
+    assert transport.get_protocol().data == payload + b"small"
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
 def test_mutable_buffers_are_copied(relaxed_loop: asyncio_relaxed.Loop) -> None:
     a, b = stalled_pair()
     transport = attach(relaxed_loop, a)
