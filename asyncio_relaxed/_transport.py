@@ -17,9 +17,11 @@ forth, which cost a second read and a second data_received per message.
 A read that fills the whole buffer means streaming: the transport then calls
 ``recv(read_size)`` like stock until a read comes in short.  Full-size reads
 are what glibc serves from the heap (freeing one full-size mmapped chunk
-raises its mmap threshold), and the copy out of the shared buffer was the
-dearer part there: it halved tcp-raw-pipe throughput with 100 KiB chunks
-(8.0 vs 14.8 Gbit/s, benchmarks/ pipe-100k, 2026-11-30).
+raises its mmap threshold), so the copy out of the shared buffer is the
+dearer part there.  One side-by-side pair of runs of tcp-raw-pipe with 100 KiB
+chunks (benchmarks/ pipe-100k, 2026-11-30) gave 8.0 Gbit/s with the copy and
+14.8 without (stock 16.5); full suite runs on that noisy machine have put both
+variants anywhere between 8 and 20 Gbit/s, so the size of the gain is open.
 A BufferedProtocol gets ``recv_into`` on its own buffer.  Stock asyncio calls
 ``sock.recv(256 KiB)``, and glibc serves a 256 KiB allocation with mmap, so
 every read costs mmap + mremap + munmap besides the recv (DESIGN.md §3.2,
