@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import socket
 import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
 from asyncio import protocols
 from typing import TYPE_CHECKING, Any
 
@@ -78,11 +80,35 @@ try:
 except (AttributeError, ValueError, OSError):
     IOV_MAX = 16
 
+# get_extra_info's fallback when the caller passed no extra keys of its own.
+_NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
+
+# The local address of accepted sockets, one tuple per distinct address: every
+# connection a listener accepts has the same sockname (one per local address
+# the listener answers on), so they share it instead of holding a copy each
+# (a tuple and a str, 114 bytes).  Bounded: past the cap, each keeps its own.
+_SERVER_SOCKNAMES: dict[Any, Any] = {}
+_SERVER_SOCKNAMES_MAX = 1024
+
+# Flow control's default marks, stock's: 64 KiB, and a quarter of it.
+_DEFAULT_HIGH_WATER = 64 * 1024
+_DEFAULT_LOW_WATER = _DEFAULT_HIGH_WATER // 4
+
+# The write buffer of a transport that never had to buffer (see __init__).
+_NO_BUFFER: Any = ()
+
 _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
 
 # The size of a small read (see "Reads" above): under glibc's default
 # M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
 SMALL_READ = 64 * 1024
+
+
+def _peername(sock: socket.socket) -> Any:
+    try:
+        return sock.getpeername()
+    except OSError:
+        return None
 
 
 def is_tcp(sock: socket.socket) -> bool:
@@ -117,6 +143,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_feed_policy",
         "_feeds",
         "_paused",
+        "_peername",
         "_polling_write",
         "_protocol",
         "_protocol_connected",
@@ -127,7 +154,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_server",
         "_sock",
         "_sock_fd",
+        "_sockname",
         "_stats",
+        "_tsock",
     )
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
@@ -154,17 +183,34 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
         self._server = None
-        super().__init__(extra, loop)
-        self._extra["socket"] = _compat.TransportSocket(sock)
+        # The three addresses of stock's extra dict live in slots; the dict
+        # is kept only for other keys a caller passed (the accept path passes
+        # just the peer name).  About 300 bytes less per connection: a
+        # 3-entry dict, a TransportSocket made before anyone asks for it, and
+        # a copy of the local address per accepted connection.
+        if extra:
+            if "peername" in extra:
+                peername = extra["peername"]
+                if len(extra) == 1:
+                    extra = None
+            else:
+                peername = _peername(sock)
+        else:
+            peername = _peername(sock)
+            extra = None
+        super().__init__(extra or _NO_EXTRA, loop)
+        self._peername = peername
         try:
-            self._extra["sockname"] = sock.getsockname()
+            sockname = sock.getsockname()
         except OSError:
-            self._extra["sockname"] = None
-        if "peername" not in self._extra:
-            try:
-                self._extra["peername"] = sock.getpeername()
-            except OSError:
-                self._extra["peername"] = None
+            sockname = None
+        else:
+            if server is not None and len(_SERVER_SOCKNAMES) < _SERVER_SOCKNAMES_MAX:
+                sockname = _SERVER_SOCKNAMES.setdefault(sockname, sockname)
+        self._sockname = sockname
+        # The socket, until get_extra_info("socket") wraps it (then the
+        # TransportSocket): stock wraps every socket up front.
+        self._tsock: Any = sock
         self._sock = sock
         self._sock_fd = sock.fileno()
         self._protocol_connected = False
@@ -177,8 +223,10 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._server = server
         # A list, not a deque: an empty deque costs 760 bytes per connection
         # (its first block), a list 56; chunks leave from the front only in
-        # _consume, with one slice deletion per send.
-        self._buffer: list[bytes | memoryview] = []
+        # _consume, with one slice deletion per send.  Made by the first
+        # write that has to buffer (_NO_BUFFER until then): an idle
+        # connection, and one whose eager writes all go out whole, has none.
+        self._buffer: list[bytes | memoryview] = _NO_BUFFER  # type: ignore[assignment]
         self._buffer_size = 0
         self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
         self._closing = False  # Set when close() is called.
@@ -258,6 +306,27 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 return
             if reader is not None and not reader._cancelled and reader._callback == old:
                 self._loop._add_reader(self._sock_fd, self._read_ready_cb)
+
+    def _set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None and low is None:
+            # Stock's defaults, as shared int objects: stock computes the low
+            # mark per transport, a 32-byte int per connection.
+            self._high_water = _DEFAULT_HIGH_WATER
+            self._low_water = _DEFAULT_LOW_WATER
+        else:
+            super()._set_write_buffer_limits(high, low)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "peername":
+            return self._peername
+        if name == "sockname":
+            return self._sockname
+        if name == "socket":
+            tsock = self._tsock
+            if tsock is not None and type(tsock) is not _compat.TransportSocket:
+                tsock = self._tsock = _compat.TransportSocket(tsock)
+            return tsock
+        return self._extra.get(name, default)
 
     def get_protocol(self) -> Any:
         return self._protocol
@@ -444,7 +513,10 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._maybe_pause_protocol()
             return
         if kind is bytes:
-            self._buffer.append(data)  # type: ignore[arg-type]  # bytes: no copy needed
+            if self._buffer is _NO_BUFFER:  # bytes: no copy needed
+                self._buffer = [data]  # type: ignore[list-item]
+            else:
+                self._buffer.append(data)  # type: ignore[arg-type]
             self._buffer_size += len(data)
         else:
             self._append(data)
@@ -515,7 +587,10 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             chunk = data
         else:
             chunk = bytes(data)
-        self._buffer.append(chunk)
+        if self._buffer is _NO_BUFFER:
+            self._buffer = [chunk]
+        else:
+            self._buffer.append(chunk)
         self._buffer_size += len(chunk)
 
     def _check_high_water(self) -> None:
@@ -638,7 +713,8 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._polling_write:
             self._polling_write = False
             self._loop._remove_writer(self._sock_fd)
-        self._buffer.clear()
+        if self._buffer:
+            self._buffer.clear()
         self._buffer_size = 0
         self._fatal_error(exc, "Fatal write error on socket transport")
         waiter = self._empty_waiter

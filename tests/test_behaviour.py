@@ -383,3 +383,41 @@ def test_write_after_close_is_delivered_while_buffered(loop: asyncio.AbstractEve
         b.close()
 
     run(loop, main())
+
+
+def test_extra_info_matches_the_socket(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
+    """peername, sockname and socket on both ends, before and after close
+    (ours keeps them in slots and wraps the socket on first request)."""
+
+    async def main() -> None:
+        accepted: asyncio.Future[Any] = loop.create_future()
+
+        class Keep(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                accepted.set_result(transport)
+
+        server = await loop.create_server(Keep, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        theirs = await accepted
+        for transport, other in ((theirs, client), (client, theirs)):
+            sock = transport.get_extra_info("socket")
+            assert sock is transport.get_extra_info("socket")  # one wrapper
+            assert sock.fileno() >= 0
+            assert transport.get_extra_info("sockname") == sock.getsockname()
+            assert transport.get_extra_info("peername") == sock.getpeername()
+            assert transport.get_extra_info("peername") == other.get_extra_info("sockname")
+            assert transport.get_extra_info("no-such-key") is None
+            assert transport.get_extra_info("no-such-key", 7) == 7
+        # Answered after close too, from what was known while open.
+        names = (client.get_extra_info("sockname"), client.get_extra_info("peername"))
+        client.close()
+        theirs.close()
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.05)
+        assert (client.get_extra_info("sockname"), client.get_extra_info("peername")) == names
+        if loop_name != "uvloop":  # uvloop returns None for a closed socket
+            assert client.get_extra_info("socket").fileno() == -1
+
+    run(loop, main())
