@@ -63,57 +63,75 @@ _ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 # counter (an mmap would need the cooperation of whoever forks), and a worker
 # cannot see the connections its siblings win.  What it can do is step aside.
 # After each accept the worker *rests*: it takes the listener out of its
-# poller for
+# poller (EPOLL_CTL_DEL: the listener is not an owned fd, so the removal is
+# not lazy) for
 #
 #     rest = cooldown * open connections of the listener's server
 #
 # (capped at BALANCED_MAX_REST), so a sibling that is not resting takes the
 # next connection; the more connections a worker holds, the longer it stays
 # out (load-aware, like accept_disabled).  When the rest is over, the worker
-# tries one accept and puts the listener back:
+# tries one accept and puts the listener back (EPOLL_CTL_ADD):
 #
 # * EAGAIN: no connection was waiting, so its rest kept nobody waiting;
-#   cooldown grows by BALANCED_GROW.
+#   cooldown grows by BALANCED_GROW, up to BALANCED_MAX_COOLDOWN.
 # * a connection: it waited for this worker, so every worker was resting
-#   (or there is no sibling); the worker serves it and cooldown shrinks by
-#   BALANCED_SHRINK.
+#   (or there is no sibling); the worker serves it, takes what else is
+#   queued (up to BALANCED_BURST, as accept=batch would: everyone is busy,
+#   so nobody is starved by it), and cooldown shrinks by BALANCED_SHRINK,
+#   down to BALANCED_MIN_COOLDOWN.
 #
-# cooldown settles where about 1 rest in 15 finds a connection waiting
-# (ln 1.05 / (ln 1.05 + ln 2)): long enough that a worker that just won sits
-# out while its siblings take their turn, short enough that connections
-# rarely wait for it.  Under saturation every rest finds connections
-# waiting, so cooldown falls to BALANCED_MIN_COOLDOWN and each rest ends in
-# a burst of up to BALANCED_BURST accepts, as accept=batch would take them
-# (everyone is busy, so nobody is starved by it); a lone process sees the
-# same.  The listener is polled, when it is polled, with one accept per
-# event (the fast path is accept=single's, plus a timer per accept).
-# Measured (benchmarks/fairness.py, 4 workers on one CPU): cooldown settled
-# at 0.1-0.2 ms with one close-per-request client, 8-29 ms with one
-# keep-alive client, and at the floor with 10 and 100 clients.
+# What makes light load fair is the rest and the re-registration, not the
+# rest's length.  Measured (benchmarks.fairness.run_once, 4 workers, one
+# keep-alive client, 3 s, medians of 2 interleaved repeats, cooldown held
+# fixed): 1 us, 20 us, 0.1 ms and 0.3 ms of rest per connection all gave Jain
+# 0.999-1.000, where batch gave 0.75 and single 0.77 (one worker never won);
+# with one close-per-request client, 1.000 against 0.93 (batch) and 0.96
+# (single).  A rest that short is over long before the next keep-alive
+# connection comes (every 5 ms), so what changes the race is believed to be
+# the worker's DEL + ADD:
+# a new registration goes to the head of the listener's wait queue
+# (add_wait_queue), which changes the order in which the next connection
+# wakes the sleeping workers.  That is not proven; the measurements are what
+# the design rests on.
 #
-# Known weakness: each worker tunes its own cooldown, and the one whose rest
-# found a connection waiting halves it and wins the next tie, so cooldowns can
-# drift apart.  With 2 workers and one keep-alive client that costs fairness
-# (Jain 0.944, where every other strategy alternates perfectly, 1.000); with 4
-# workers it is 0.988 against 0.75-0.78 for the rest.  Jitter on the rest and
-# a share of decayed accepts in the load were tried and did no better.
+# A long rest is what hurts.  Until 2026-11-30 cooldown grew without a cap
+# below BALANCED_MAX_REST, aiming at 1 waited-for rest in 15; at light
+# keep-alive load that is a rest of about (K-1) connection intervals, where
+# fairness hangs on every worker resting equally long, and the worker whose
+# rest found a connection waiting halved its cooldown and kept winning: traced
+# at 4 workers, one keep-alive client, one worker sat at 3 ms (16 waited-for
+# rests) and three at the 50 ms cap, Jain 0.77 (0.94 in the results of
+# 20261130T010819Z).  BALANCED_MAX_COOLDOWN keeps the rest short: every
+# worker's cooldown sits at the cap unless connections wait for its rests
+# (saturation), and from any history it is back at the cap after at most
+# ln(MAX/MIN)/ln(GROW) = 48 idle rests, so the workers' cooldowns converge
+# instead of drifting apart.  Under saturation every rest finds connections
+# waiting, cooldown falls to the floor and each rest ends in a burst; a lone
+# process sees the same.  The listener is polled, when it is polled, with
+# one accept per event (the fast path is accept=single's, plus a timer per
+# accept).
 #
 # A rest never outlives its listener: Server.close()
 # cancels the timer (_stop_serving), and the retry checks the socket; EMFILE
 # during a retry hands over to _accept_starved's back-off.
 
-#: Seconds of rest per open connection at first: between where light
-#: close-per-request load (0.1-0.2 ms) and light keep-alive load (8-29 ms)
-#: settled, so that either is reached within about a hundred rests.
-BALANCED_START_COOLDOWN = 1e-3
-#: Bounds of cooldown, seconds per open connection.  The floor keeps the
-#: timer cheap under saturation (a timer per accept); the cap bounds how
-#: long a connection can wait for a resting lone worker.
+#: Bounds of cooldown, seconds of rest per open connection; cooldown starts
+#: at the cap.  The cap: 0.1 ms, where 4 workers under one keep-alive or one
+#: close-per-request client were as fair as with any shorter or longer fixed
+#: cooldown up to 0.3 ms (Jain 0.999-1.000, above), and below the gap between
+#: a close-per-request client's connections (about 0.35 ms), so one client
+#: rarely waits for two resting workers (a fixed 1 ms cost 2 workers under
+#: one such client 43 % of their connections/s against batch).  The floor
+#: keeps the rest short under saturation (a timer per burst).
 BALANCED_MIN_COOLDOWN = 10e-6
+BALANCED_MAX_COOLDOWN = 0.1e-3
+#: Longest rest, seconds, whatever the open connections: bounds how long a
+#: connection can wait for a resting lone worker.
 BALANCED_MAX_REST = 0.05
 #: Factors on cooldown after a rest that kept nobody waiting (GROW) and after
-#: one that did (SHRINK): the ratio of their logarithms sets how often a
-#: connection waits for a rest to end (1 in 15 here).
+#: one that did (SHRINK): a connection that waited halves the rest at once
+#: (saturation is reached fast), the way back to the cap takes 48 idle rests.
 BALANCED_GROW = 1.05
 BALANCED_SHRINK = 0.5
 #: Most accepts at the end of a rest that found connections waiting: with 16,
@@ -128,7 +146,7 @@ class BalancedGate:
     __slots__ = ("cooldown", "rests_idle", "rests_waited")
 
     def __init__(self) -> None:
-        self.cooldown = BALANCED_START_COOLDOWN  # seconds of rest per open connection
+        self.cooldown = BALANCED_MAX_COOLDOWN  # seconds of rest per open connection
         self.rests_idle = 0  # rests that kept nobody waiting (for tests, debugging)
         self.rests_waited = 0  # rests that ended with a connection waiting
 
@@ -143,7 +161,7 @@ class BalancedGate:
             self.cooldown = max(self.cooldown * BALANCED_SHRINK, BALANCED_MIN_COOLDOWN)
         else:
             self.rests_idle += 1
-            self.cooldown = min(self.cooldown * BALANCED_GROW, BALANCED_MAX_REST)
+            self.cooldown = min(self.cooldown * BALANCED_GROW, BALANCED_MAX_COOLDOWN)
 
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]

@@ -272,24 +272,45 @@ def test_pending_connect_leaves_the_loop_blocking() -> None:
 
 
 def test_balanced_gate_without_sockets() -> None:
-    """The rest grows with open connections and is capped; cooldown shrinks
-    when a connection waited for a rest, grows when none did, within bounds."""
+    """The rest grows with open connections and is capped; cooldown starts at
+    its cap, halves when a connection waited for a rest, grows back when none
+    did, and stays within its bounds."""
     gate = _loop.BalancedGate()
-    start = _loop.BALANCED_START_COOLDOWN
-    assert gate.rest(0) == gate.rest(1) == start
-    assert gate.rest(4) == 4 * start
+    cap = _loop.BALANCED_MAX_COOLDOWN
+    assert gate.cooldown == cap
+    assert gate.rest(0) == gate.rest(1) == cap
+    assert gate.rest(4) == 4 * cap
     assert gate.rest(10**6) == _loop.BALANCED_MAX_REST
     gate.rested(waited=False)
-    assert gate.cooldown == start * _loop.BALANCED_GROW
+    assert gate.cooldown == cap  # idle rests never take it past the cap
     gate.rested(waited=True)
-    assert gate.cooldown == start * _loop.BALANCED_GROW * _loop.BALANCED_SHRINK
+    assert gate.cooldown == cap * _loop.BALANCED_SHRINK
+    gate.rested(waited=False)
+    assert gate.cooldown == cap * _loop.BALANCED_SHRINK * _loop.BALANCED_GROW
     for _ in range(100):
         gate.rested(waited=True)
     assert gate.cooldown == _loop.BALANCED_MIN_COOLDOWN
     for _ in range(1000):
         gate.rested(waited=False)
-    assert gate.cooldown == _loop.BALANCED_MAX_REST
-    assert (gate.rests_waited, gate.rests_idle) == (101, 1001)
+    assert gate.cooldown == cap
+    assert (gate.rests_waited, gate.rests_idle) == (101, 1002)
+
+
+def test_balanced_gates_converge_after_48_idle_rests() -> None:
+    """Workers' cooldowns cannot drift apart: whatever happened before, 48
+    idle rests (ln(MAX/MIN)/ln(GROW) = 47.2) bring every gate to the cap."""
+    at_floor, halved, fresh = _loop.BalancedGate(), _loop.BalancedGate(), _loop.BalancedGate()
+    for _ in range(100):
+        at_floor.rested(waited=True)
+    halved.rested(waited=True)
+    assert at_floor.cooldown == _loop.BALANCED_MIN_COOLDOWN
+    for _ in range(47):
+        for gate in (at_floor, halved, fresh):
+            gate.rested(waited=False)
+    assert at_floor.cooldown < _loop.BALANCED_MAX_COOLDOWN  # one rest short
+    for gate in (at_floor, halved, fresh):
+        gate.rested(waited=False)
+    assert at_floor.cooldown == halved.cooldown == fresh.cooldown == _loop.BALANCED_MAX_COOLDOWN
 
 
 class SharedListener:
@@ -344,15 +365,33 @@ def retry_handles(loop: asyncio_relaxed.Loop) -> list[Any]:
     ]
 
 
-#: Longer than any rest these tests cause (the start cooldown times a few
+#: Longer than any rest these tests cause (the cooldown's cap times a few
 #: open connections), so waiting this long on the loop ends the rest.
-PAST_A_REST = 10 * _loop.BALANCED_START_COOLDOWN
+PAST_A_REST = 10 * _loop.BALANCED_MAX_COOLDOWN
+
+
+class FrozenClock:
+    """The loop's clock, stopped: a rest ends only when the test says so,
+    however slowly the iterations run (rests are a fraction of a millisecond)."""
+
+    def __init__(self, loop: asyncio_relaxed.Loop) -> None:
+        self.now = loop.time()
+        loop.time = self  # type: ignore[method-assign]
+
+    def __call__(self) -> float:
+        return self.now
+
+    def end_rest(self, loop: asyncio_relaxed.Loop) -> None:
+        """Move past any rest these tests cause and run one iteration."""
+        self.now += PAST_A_REST
+        iterate(loop, 1)
 
 
 def test_balanced_accepts_one_per_event_then_rests(clients: list[socket.socket]) -> None:
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
         server = start(loop)
+        FrozenClock(loop)
         connect(server, clients, 3)
         before = loop.statistics()
         iterate(loop, 1)
@@ -368,6 +407,7 @@ def test_balanced_accepts_one_per_event_then_rests(clients: list[socket.socket])
 def test_balanced_resting_worker_leaves_the_connection_to_a_sibling() -> None:
     shared = SharedListener()
     (a, b), (server_a, _) = shared.loops, shared.servers
+    clock = FrozenClock(a)
     try:
         shared.connect()
         before_a, before_b = a.statistics(), b.statistics()
@@ -381,11 +421,12 @@ def test_balanced_resting_worker_leaves_the_connection_to_a_sibling() -> None:
         iterate(b, 1)
         assert accepts(b, before_b) == (1, 0)  # the sibling takes it at once
 
-        # a's rest ends: one accept, EAGAIN (nobody waited for a), listener back.
-        cooldown = a._balanced.cooldown
-        run(a, asyncio.sleep(PAST_A_REST))
+        # a's rest ends: one accept, EAGAIN (nobody waited for a), listener back;
+        # cooldown stays at its cap.
+        clock.end_rest(a)
         assert accepts(a, before_a) == (2, 1)
-        assert a._balanced.rests_idle == 1 and a._balanced.cooldown > cooldown
+        assert a._balanced.rests_idle == 1
+        assert a._balanced.cooldown == _loop.BALANCED_MAX_COOLDOWN
         assert listening(a, server_a) and not retry_handles(a)
 
         # a accepts at once again.
