@@ -34,7 +34,7 @@ from . import _compat
 from ._config import AcceptStrategy, Config, resolve
 from ._poller import Poller, default_backend
 from ._stats import Counters, LoopStatistics
-from ._transport import SocketTransport, is_tcp, set_options
+from ._transport import SocketTransport, is_tcp, read_buffer, set_options
 
 __all__ = ["Loop"]
 
@@ -210,7 +210,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         self._balanced = BalancedGate()
         self._accept_delayed: dict[int, Any] = {}
         # The one receive buffer of every plain-Protocol transport.
-        self._read_buffer = bytearray(config.read_size)
+        self._read_buffer = read_buffer(config.read_size)
         self._read_view = memoryview(self._read_buffer)
         super().__init__(poller)
 

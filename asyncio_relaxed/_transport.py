@@ -9,11 +9,12 @@ allocates the 64 KiB from the heap (below glibc's 128 KiB mmap threshold) and
 shrinks the result in place, cheaper than a copy out of a buffer (DESIGN.md
 §3.2: 7.3 µs/request for a minimal loop).  A read that fills those 64 KiB
 switches the transport to ``recv_into`` on the buffer the loop allocated once
-(``read_size``, stock's 256 KiB) plus an exact-size copy, until two reads in
-a row come in under 64 KiB; so a bulk transfer still reads as much per call as
-stock, and a message just over 64 KiB (the tail of each 100 KiB echo, the
-benchmark suite's echo-protocol-100k) does not flip the transport back and
-forth, which cost a second read and a second data_received per message.
+(``read_size``, stock's 256 KiB, page-aligned: see :func:`read_buffer`) plus
+an exact-size copy, until two reads in a row come in under 64 KiB; so a bulk
+transfer still reads as much per call as stock, and a message just over
+64 KiB (the tail of each 100 KiB echo, the benchmark suite's
+echo-protocol-100k) does not flip the transport back and forth, which cost a
+second read and a second data_received per message.
 A read that fills the whole buffer means streaming: the transport then calls
 ``recv(read_size)`` like stock until a read comes in short.  Full-size reads
 are what glibc serves from the heap (freeing one full-size mmapped chunk
@@ -44,7 +45,9 @@ in one ``sendmsg`` of up to IOV_MAX buffers (uvloop <= 0.22's
 ``_queue_write``/``_exec_queued_writes``).  In every mode, a write that takes
 the buffer past the high-water mark is sent at once: code that writes a lot
 and then waits for ``drain()`` must not wait for the end of the iteration to
-learn it should pause (the stdlib start_tls tests depend on that).
+learn it should pause (the stdlib start_tls tests depend on that); an idle
+transport sends a write that alone passes the mark straight from ``write()``,
+as in eager mode, without a round trip through the queue.
 
 After a short send the policy decides: ``poll`` waits for EPOLLOUT, ``feed``
 retries on the next iteration without waiting (libuv's pending queue), at most
@@ -60,6 +63,7 @@ Error texts and the exception-handler contexts are stock asyncio's
 
 from __future__ import annotations
 
+import mmap
 import socket
 import warnings
 from collections.abc import Mapping
@@ -73,7 +77,7 @@ from ._config import PartialWrite, WriteMode
 if TYPE_CHECKING:
     from ._loop import Loop
 
-__all__ = ["SocketTransport", "is_tcp", "set_options"]
+__all__ = ["SocketTransport", "is_tcp", "read_buffer", "set_options"]
 
 try:
     IOV_MAX: int = max(16, __import__("os").sysconf("SC_IOV_MAX"))
@@ -102,6 +106,33 @@ _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
 # The size of a small read (see "Reads" above): under glibc's default
 # M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
 SMALL_READ = 64 * 1024
+
+
+def read_buffer(size: int) -> mmap.mmap | bytearray:
+    """The loop's receive buffer: *size* bytes starting on a page boundary.
+
+    Why aligned: the kernel's copy of received data into the buffer
+    (``_copy_to_iter`` in a perf profile) is much dearer when the buffer
+    starts a few bytes past a page boundary and the data came from the
+    peer in page-sized chunks, as bulk data does.  A ``bytearray(256 KiB)``
+    starts exactly there: glibc serves it with mmap and returns the page
+    start + 16 (its chunk header); or, once freeing a large block has raised
+    glibc's mmap threshold, a heap address whose offset depends on what the
+    process allocated before.  echo-protocol-100k-c10 (benchmarks/,
+    2026-11-30, AMD EPYC under KVM, buffer placed at a chosen offset):
+    58-78 µs system CPU per request at page offset 16, 26-33 at offset 0
+    or 2048, in eager and deferred mode alike; the same syscalls, sizes and
+    counts in every case.  That placement, not the write mode, was the
+    35.7 vs 76.4 µs "deferred regression" of that day's suite run.
+
+    An anonymous mmap is page-aligned whatever the heap's history.
+    MAP_PRIVATE because mmap's default, MAP_SHARED, would let a process
+    forked after this and its parent overwrite each other's reads.  Where
+    there is no anonymous mmap (Windows), a bytearray.
+    """
+    if hasattr(mmap, "MAP_ANONYMOUS"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return bytearray(size)
 
 
 def _peername(sock: socket.socket) -> Any:
@@ -490,10 +521,19 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
         stats = self._stats
         stats.writes += 1
-        if not self._buffer and not self._deferred:
-            # Eager fast path, safe only when nothing is buffered (order!)
-            # and the transport is neither queued nor polling, which an empty
-            # buffer implies.
+        if not self._buffer and (
+            not self._deferred or (len(data) > self._high_water and not self._sending)
+        ):
+            # Fast path, safe only when nothing is buffered (order!) and the
+            # transport is neither queued nor polling, which an empty buffer
+            # implies.  Every such write in eager mode.  In deferred mode a
+            # write that alone passes the high-water mark: the queued path
+            # below would send it at once too (_check_high_water), only
+            # after a round trip through the loop's write queue, 5 % more
+            # instructions per request on echo-protocol-100k (callgrind,
+            # 2026-11-30: 125.5k vs 119.2k).  Not from resume_writing()
+            # inside _write_now (_sending): there the write is appended and
+            # _write_now decides, which re-pauses the protocol as before.
             stats.send += 1
             try:
                 n = self._sock.send(data)  # type: ignore[union-attr]

@@ -557,4 +557,8 @@ def test_anyio_run_on_relaxed_loop() -> None:
     assert isinstance(loop, asyncio_relaxed.Loop), type(loop)
     assert loop.config.write == "deferred"
     assert echoed == b"ping"
-    assert loop.statistics().writes_deferred >= 1
+    # anyio sets the high-water mark to 0, so every write passes it and
+    # leaves from write() at once, deferred mode or not (it always did; the
+    # queue round trip before that is gone).
+    stats = loop.statistics()
+    assert (stats.writes_deferred, stats.send >= 1) == (0, True)
