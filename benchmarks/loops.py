@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import atexit
 import importlib
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Mapping
 
 import asyncio_relaxed
@@ -64,6 +67,8 @@ ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed
 
 #: Loops run from another checkout ("relaxed-eager@base"): name -> its path.
 BASELINES: dict[str, str] = {}
+#: Checkout path -> a folder holding only a link to its asyncio_relaxed.
+_SHIMS: dict[str, str] = {}
 
 
 def register_baseline(name: str, path: object) -> str:
@@ -87,6 +92,44 @@ def preset(name: str) -> str:
 
 def baseline_path(name: str) -> str | None:
     return BASELINES.get(name)
+
+
+def import_dir(name: str) -> str | None:
+    """Where a child process running loop *name* must start, or None (this tree).
+
+    ``python -m`` puts its working directory first on sys.path, ahead of
+    PYTHONPATH, so a child started in this tree imports this tree's
+    asyncio_relaxed whatever PYTHONPATH says (every ``@base`` row before
+    2026-11-30 03:00 measured the new code that way).  A baseline's child
+    starts in, and puts first on PYTHONPATH, a folder holding only a link to
+    the checkout's asyncio_relaxed: that package comes from the checkout,
+    benchmarks/ and everything else from this tree, even when the checkout
+    has a benchmarks/ of its own.
+    """
+    path = BASELINES.get(name)
+    if path is None:
+        return None
+    shim = _SHIMS.get(path)
+    if shim is None:
+        shim = tempfile.mkdtemp(prefix="relaxed-baseline-")
+        os.symlink(os.path.join(path, "asyncio_relaxed"), os.path.join(shim, "asyncio_relaxed"))
+        atexit.register(shutil.rmtree, shim, True)  # the link only, not the checkout
+        _SHIMS[path] = shim
+    return shim
+
+
+def check_package(name: str, package_dir: str | None, root: object) -> None:
+    """Refuse a result whose child imported asyncio_relaxed from the wrong tree.
+
+    *package_dir* is what the child reported (the folder of the package it
+    imported), *root* this tree."""
+    if package_dir is None or SPECS[name].kind != "relaxed":
+        return
+    expected = os.path.realpath(BASELINES.get(name) or str(root))
+    got = os.path.dirname(os.path.realpath(package_dir))
+    if got != expected:
+        raise RuntimeError(f"the server of {name} imported asyncio_relaxed from {package_dir}, "
+                           f"not from {expected}: its figures would belong to another checkout")
 
 
 def missing(name: str) -> str | None:

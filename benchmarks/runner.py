@@ -110,7 +110,9 @@ class Process:
                  pythonpath: str | None = None) -> None:
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, cwd=ROOT, env=_env(pythonpath), preexec_fn=pin(cpu),
+            # In the baseline's shim folder (loops.import_dir: ``python -m``
+            # puts its working directory first on sys.path).
+            text=True, cwd=pythonpath or ROOT, env=_env(pythonpath), preexec_fn=pin(cpu),
         )
         self.command = command
 
@@ -262,9 +264,11 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
     after: dict[str, Any] = {}
     result: dict[str, Any]
     with processes() as started:
-        server = Process(server_command(w, loop), server_cpu, loops.baseline_path(loop))
+        server = Process(server_command(w, loop), server_cpu, loops.import_dir(loop))
         started.append(server)
-        port = server.read()["listening"]
+        listening = server.read()
+        port = listening["listening"]
+        loops.check_package(loop, listening.get("relaxed"), ROOT)
         pid = server.proc.pid
         if w.client == "idle":
             before = _mark(server)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import resource
@@ -142,6 +143,12 @@ def snapshot(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
     return mark
 
 
+def relaxed_package() -> str | None:
+    """The folder asyncio_relaxed is imported from (the runner checks baselines)."""
+    spec = importlib.util.find_spec("asyncio_relaxed")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
 def _finish(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -190,7 +197,8 @@ async def serve(args: argparse.Namespace) -> None:
         server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(json.dumps({"listening": port, "pid": os.getpid(),
-                      "loop": f"{type(loop).__module__}.{type(loop).__qualname__}"}), flush=True)
+                      "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
+                      "relaxed": relaxed_package()}), flush=True)
     threading.Thread(target=control, daemon=True).start()
     await stop
     if runner is not None:

@@ -217,3 +217,84 @@ def test_smoke_every_kind_of_workload(tmp_path: Path) -> None:
     lines: list[str] = []
     assert report.compare(doc, doc, out=lines.append) == 0
     assert any("echo-protocol-1k-c10" in line for line in lines)
+
+
+# -- instructions per request (callgrind) ---------------------------------------------
+
+
+def test_instructions_parse_and_arithmetic() -> None:
+    from benchmarks import instructions
+
+    stderr = "==1== Events    : Ir\n==1== Collected : 482200271\n==1==\n==1== I   refs: 482,200,271\n"
+    assert instructions.parse_collected(stderr) == 482_200_271
+    with pytest.raises(RuntimeError, match="no callgrind total"):
+        instructions.parse_collected("valgrind: command not found", ["valgrind", "x"])
+    # 1,000 rounds x 10 pairs apart: 10,000 requests.
+    assert instructions.per_request(1_000_000, 251_000_000, 200, 1200) == 25_000
+    rows = instructions.table(
+        {"floor": {"1024": 11_000.0}, "asyncio": {"1024": 24_000.0},
+         "relaxed-eager": {"1024": 17_500.0}}, [1024])
+    assert rows[0].startswith("| loop | 1 KiB: instr/req | above floor |")
+    assert rows[3] == "| asyncio | 24,000 | 13,000 | 1.00x |"
+    assert rows[4] == "| relaxed-eager | 17,500 | 6,500 | 0.50x |"
+
+
+def test_instructions_without_valgrind_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import instructions
+
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    assert instructions.main(["--loops", "asyncio"]) == 2
+    assert "valgrind is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
+@pytest.mark.parametrize("size", [1024, 100 * 1024])
+def test_instructions_child_echoes_every_round(loop_name: str, size: int) -> None:
+    """The run valgrind counts, without valgrind: every round comes back."""
+    import subprocess
+    import sys
+
+    from benchmarks import instructions
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instructions", "--child", loop_name, str(size), "20"],
+        cwd=instructions.ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_baseline_child_imports_the_baseline_package(tmp_path: Path) -> None:
+    """``python -m`` puts its working directory first on sys.path: a baseline
+    child must import the checkout's asyncio_relaxed and this tree's
+    benchmarks/, and a child that imported the wrong tree is refused."""
+    import os
+    import subprocess
+    import sys
+
+    base = tmp_path / "base"
+    shutil.copytree(runner.ROOT / "asyncio_relaxed", base / "asyncio_relaxed",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (base / "benchmarks").mkdir()
+    (base / "benchmarks" / "__init__.py").write_text(
+        "raise ImportError('the checkout's benchmarks/ shadowed the harness')\n")
+    twin = loops.register_baseline("relaxed-eager", base)
+    try:
+        shim = loops.import_dir(twin)
+        assert shim is not None
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.instructions", "--child", "relaxed-eager",
+             "1024", "3"],
+            cwd=shim, env=runner._env(shim), capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        reported = json.loads(proc.stdout)["relaxed"]
+        assert os.path.realpath(reported) == os.path.realpath(base / "asyncio_relaxed")
+        loops.check_package(twin, reported, runner.ROOT)  # the right tree: no error
+        with pytest.raises(RuntimeError, match="another checkout"):
+            loops.check_package("relaxed-eager", reported, runner.ROOT)
+    finally:
+        loops.SPECS.pop(twin)
+        loops.BASELINES.pop(twin)

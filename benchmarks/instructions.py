@@ -1,0 +1,335 @@
+"""Instructions per request, counted by callgrind: the loop's cost without the noise.
+
+CPU time per request on a shared 2-CPU machine moves by 20-30 % between runs
+(README, Benchmarks); the number of instructions a process executes for the
+same work does not.  This measures one in-process echo per loop:
+
+* ``PAIRS`` socket pairs; one end of each is served by the loop under test
+  (``connect_accepted_socket`` + a plain echo Protocol), the other end is the
+  client, driven by a callback on the same loop: it sends one message on
+  every pair, and once every echo is back in full, the next round;
+* the process runs under ``valgrind --tool=callgrind`` twice, with ``low``
+  and ``high`` rounds (after the same warm-up), and the difference of the
+  two instruction totals over ``(high - low) * PAIRS`` is the figure: start
+  up, imports and warm-up cancel out;
+* the ``floor`` row is the same driver around a minimal echo loop in pure
+  Python (``epoll.poll``, ``recv``, ``send``, nothing else), so *above floor*
+  is what a loop adds to the least any Python echo must execute.
+
+User-space instructions only (callgrind does not see the kernel, whose share
+is the same for every loop: the same system calls, see the strace counts of
+``python -m benchmarks run``).  Instruction counts are not time (a cache miss
+costs more than an add), but they move only when the code does, so a change
+of a few per cent is visible in one run.  Counts include the driver, the
+same Python code on every loop.
+
+Run::
+
+    python -m benchmarks.instructions [--loops asyncio,uvloop,relaxed-eager]
+        [--sizes 1024,102400] [--baseline DIR]
+
+valgrind is a Debian package (``apt-get install valgrind``); without it the
+command says so and exits.  A child run (``--child``) is what valgrind runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks import loops
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIRS = 10
+WARMUP_ROUNDS = 100
+#: The two run lengths whose difference is measured: 5,000 requests apart
+#: with 10 pairs; about 40 s of callgrind per run at 1 KiB on the 2-CPU
+#: machine of the README.
+LOW_ROUNDS = 100
+HIGH_ROUNDS = 600
+DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-deferred")
+DEFAULT_SIZES = (1024, 100 * 1024)
+FLOOR = "floor"
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+# -- the child: one echo run, the thing valgrind counts -------------------------------
+
+
+class Echo(asyncio.Protocol):
+    """Writes back what it gets; the round's last byte schedules the driver."""
+
+    def __init__(self, round_done: Callable[[int], None]) -> None:
+        self.round_done = round_done
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.round_done(len(data))
+
+
+def _pairs() -> tuple[list[socket.socket], list[socket.socket]]:
+    served, clients = [], []
+    for _ in range(PAIRS):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        served.append(a)
+        clients.append(b)
+    return served, clients
+
+
+class Driver:
+    """The client ends: one message on every pair per round; the next round
+    once the server has echoed the whole round (``echoed``) and it is back.
+
+    The same work per round on every loop: the driver reads only after the
+    last echo was written, so it rarely finds a socket empty (a short write
+    by the server leaves the rest for later; then it tries again)."""
+
+    def __init__(self, clients: list[socket.socket], size: int, rounds: int) -> None:
+        self.clients = clients
+        self.message = os.urandom(size)
+        self.size = size
+        self.rounds = rounds
+        self.missing = [0] * len(clients)
+        self.unechoed = 0  # bytes of this round the server has not written back
+
+    def send_round(self) -> None:
+        self.rounds -= 1
+        self.unechoed = self.size * len(self.clients)
+        for i, client in enumerate(self.clients):
+            client.sendall(self.message)  # the peer's buffer holds a whole message
+            self.missing[i] = self.size
+
+    def echoed(self, nbytes: int) -> bool:
+        """The server wrote *nbytes* back; True when that completes the round."""
+        self.unechoed -= nbytes
+        return self.unechoed == 0
+
+    def receive(self) -> bool:
+        """Read what has come back; True once the whole round has."""
+        for i, client in enumerate(self.clients):
+            while self.missing[i]:
+                try:
+                    self.missing[i] -= len(client.recv(self.missing[i]))
+                except BlockingIOError:
+                    return False
+        return True
+
+
+def child(loop_name: str, size: int, rounds: int) -> None:
+    served, clients = _pairs()
+    for client in clients:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * size)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * size)
+    driver = Driver(clients, size, WARMUP_ROUNDS + rounds)
+    if loop_name == FLOOR:
+        _floor(served, driver)
+        return
+    # Which tree asyncio_relaxed comes from, for the parent's check.
+    spec = importlib.util.find_spec("asyncio_relaxed")
+    print(json.dumps({"relaxed": os.path.dirname(spec.origin or "") if spec else None}),
+          flush=True)
+    loop = loops.factory(loop_name)()
+    finished = loop.create_future()
+
+    def next_round() -> None:
+        # A loop callback, from the iteration after the round's last echo.
+        if not driver.receive():
+            loop.call_soon(next_round)  # a short write: the rest comes later
+        elif driver.rounds:
+            driver.send_round()
+        else:
+            finished.set_result(None)
+
+    def round_done(nbytes: int) -> None:
+        if driver.echoed(nbytes):
+            loop.call_soon(next_round)
+
+    for sock in served:
+        loop.run_until_complete(loop.connect_accepted_socket(lambda: Echo(round_done), sock))
+    driver.send_round()
+    loop.run_until_complete(finished)
+    loop.close()
+
+
+def _floor(served: list[socket.socket], driver: Driver) -> None:
+    """The least a Python echo executes: poll, recv, send; same driver."""
+    epoll = select.epoll()
+    by_fd = {sock.fileno(): sock for sock in served}
+    for fd in by_fd:
+        epoll.register(fd, select.EPOLLIN)
+    driver.send_round()
+    while True:
+        done = False
+        for fd, _ in epoll.poll(-1, PAIRS):
+            sock = by_fd[fd]
+            data = sock.recv(65536)
+            sock.send(data)  # a short send never happens at these sizes
+            done = driver.echoed(len(data)) or done
+        if done:
+            while not driver.receive():
+                pass
+            if not driver.rounds:
+                return
+            driver.send_round()
+
+
+# -- the parent: valgrind runs and the table -----------------------------------------
+
+
+def count(name: str, size: int, rounds: int) -> int:
+    """Instructions callgrind collected for one child run of loop *name*."""
+    first = loops.import_dir(name) if name != FLOOR else None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONHASHSEED"] = "0"  # the same dict layouts in every run
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+               sys.executable, "-m", "benchmarks.instructions", "--child",
+               loops.preset(name) if name != FLOOR else name, str(size), str(rounds)]
+    # In the baseline's shim folder: see loops.import_dir.
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800,
+                          cwd=first or ROOT)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-2000:]}")
+    if name != FLOOR:
+        loops.check_package(name, json.loads(proc.stdout)["relaxed"], ROOT)
+    return parse_collected(proc.stderr, command)
+
+
+def parse_collected(stderr: str, command: Sequence[str] = ()) -> int:
+    found = _COLLECTED.findall(stderr)
+    if not found:
+        raise RuntimeError(f"no callgrind total in the output of {' '.join(command)}:\n"
+                           f"{stderr[-2000:]}")
+    return int(found[-1])
+
+
+def per_request(low: int, high: int, low_rounds: int = LOW_ROUNDS,
+                high_rounds: int = HIGH_ROUNDS) -> float:
+    return (high - low) / ((high_rounds - low_rounds) * PAIRS)
+
+
+def measure(loop_names: Sequence[str], sizes: Sequence[int], jobs: int,
+            progress: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """{loop: {size: instructions per request}}, the floor included."""
+    tasks = [(name, size, rounds) for name in (FLOOR, *loop_names) for size in sizes
+             for rounds in (LOW_ROUNDS, HIGH_ROUNDS)]
+
+    def one(task: tuple[str, int, int]) -> tuple[tuple[str, int, int], int]:
+        name, size, rounds = task
+        started = time.monotonic()
+        total = count(name, size, rounds)
+        progress(f"  {name} {size} B x {rounds} rounds: {total:,} instructions "
+                 f"({time.monotonic() - started:.0f} s)")
+        return task, total
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        totals = dict(pool.map(one, tasks))
+    return {name: {str(size): per_request(totals[(name, size, LOW_ROUNDS)],
+                                          totals[(name, size, HIGH_ROUNDS)])
+                   for size in sizes}
+            for name in (FLOOR, *loop_names)}
+
+
+def table(result: dict[str, dict[str, float]], sizes: Sequence[int]) -> list[str]:
+    """Markdown rows: instructions per request, above the floor, ratio to stock."""
+    head = ["loop"]
+    for size in sizes:
+        label = f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
+        head += [f"{label}: instr/req", "above floor", "vs asyncio (above floor)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+    floor = result[FLOOR]
+    stock = result.get("asyncio")
+    for name, by_size in result.items():
+        cells = [name]
+        for size in sizes:
+            key = str(size)
+            above = by_size[key] - floor[key]
+            cells.append(f"{by_size[key]:,.0f}")
+            cells.append("—" if name == FLOOR else f"{above:,.0f}")
+            if stock is None or name == FLOOR:
+                cells.append("—")
+            else:
+                cells.append(f"{above / (stock[key] - floor[key]):.2f}x")
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", default=",".join(DEFAULT_LOOPS),
+                        help=f"comma-separated; known: {', '.join(loops.SPECS)}")
+    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                        help="message sizes in bytes (1024,102400)")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also count each relaxed preset from the checkout in DIR, "
+                        "as NAME@base")
+    parser.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--child", nargs=3, metavar=("LOOP", "SIZE", "ROUNDS"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (apt-get install valgrind); nothing counted",
+              file=sys.stderr)
+        return 2
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    names = [n for n in args.loops.split(",") if n]
+    for name in names:
+        if name not in loops.SPECS:
+            parser.error(f"--loops: unknown loop {name!r}; known: {', '.join(loops.SPECS)}")
+    if args.baseline is not None:
+        names += [loops.register_baseline(n, args.baseline.resolve()) for n in list(names)
+                  if loops.SPECS[n].kind == "relaxed"]
+    runnable = []
+    for name in names:
+        why = loops.missing(name)
+        if why:
+            print(f"note: {name} skipped: {why}", file=sys.stderr)
+        else:
+            runnable.append(name)
+    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    result = measure(runnable, sizes, args.jobs,
+                     lambda line: print(line, file=sys.stderr, flush=True))
+    rows = table(result, sizes)
+    command = "python -m benchmarks.instructions " + " ".join(argv or sys.argv[1:])
+    doc = {"started": started, "command": command.strip(), "python": sys.version,
+           "pairs": PAIRS, "rounds": [LOW_ROUNDS, HIGH_ROUNDS], "warmup_rounds": WARMUP_ROUNDS,
+           "versions": {n: loops.version(n) for n in runnable},
+           "instructions_per_request": result}
+    args.results.mkdir(parents=True, exist_ok=True)
+    path = args.results / f"{started}-instructions.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    md = path.with_suffix(".md")
+    md.write_text(f"# Instructions per request ({started})\n\n`{doc['command']}`, "
+                  f"{PAIRS} socket pairs, echo, callgrind; Python {sys.version.split()[0]}\n\n"
+                  + "\n".join(rows) + "\n")
+    print("\n".join(rows))
+    print(f"\nresults: {path}  report: {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
