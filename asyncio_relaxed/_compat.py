@@ -11,7 +11,16 @@ import asyncio
 import inspect
 import logging
 import sys
-from asyncio import base_events, constants, futures, selector_events, sslproto, transports, trsock
+from asyncio import (
+    base_events,
+    constants,
+    format_helpers,
+    futures,
+    selector_events,
+    sslproto,
+    transports,
+    trsock,
+)
 from typing import Any
 
 __all__ = [
@@ -30,6 +39,7 @@ __all__ = [
     "TransportSocket",
     "base_default_policy",
     "cancel_all_tasks",
+    "format_callback_source",
     "format_handle",
     "loop_logger",
     "server_attach",
@@ -77,6 +87,14 @@ DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (_constants.SSL_HANDSHAKE_TIMEOUT,) + 
 )
 
 format_handle: Any = _base_events._format_handle
+
+
+def format_callback_source(callback: Any, args: Any, debug: bool) -> str:
+    """The "Exception in callback ..." text of Handle._run (3.13 added *debug*)."""
+    source: Any = format_helpers._format_callback_source  # type: ignore[attr-defined]
+    if sys.version_info >= (3, 13):
+        return source(callback, args, debug=debug)  # type: ignore[no-any-return]
+    return source(callback, args)  # type: ignore[no-any-return]
 set_nodelay: Any = _base_events._set_nodelay
 set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 

@@ -546,8 +546,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         Safe only when the ready queue was empty before the poll (the
         caller checks): stock ``_process_events`` would queue these handles
         and ``_run_once`` would run them first, in this order, with nothing
-        in between but themselves.  Each still runs through ``Handle._run``
-        (its context, and the exception handler with the ``handle`` key).
+        in between but themselves.  Each runs as ``Handle._run`` would run
+        it (its context; an exception to the handler with the ``handle`` key).
         A handle cancelled by an earlier callback of this batch is skipped,
         as stock skips it in the ready queue; stock's removal of a reader
         cancelled before the poll applies only while it is still the fd's
@@ -561,24 +561,40 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                     self._remove_cancelled(key, reader, 0)
                 else:
                     ran += 1
+                    # Handle._run without its frame (one Python call less
+                    # per event): the callback in the handle's context; an
+                    # exception goes to the handler as Handle._run sends it.
                     try:
-                        reader._run()
-                    except BaseException:  # SystemExit, KeyboardInterrupt
+                        reader._context.run(reader._callback, *reader._args)
+                    except (SystemExit, KeyboardInterrupt):
                         if not mask & selectors.EVENT_WRITE:
                             writer = None
                         self._requeue(event_list, index, writer)
                         raise
+                    except BaseException as exc:
+                        self._callback_failed(reader, exc)
             if mask & selectors.EVENT_WRITE and writer is not None:
                 if writer._cancelled:
                     self._remove_cancelled(key, writer, 1)
                 else:
                     ran += 1
                     try:
-                        writer._run()
-                    except BaseException:
+                        writer._context.run(writer._callback, *writer._args)
+                    except (SystemExit, KeyboardInterrupt):
                         self._requeue(event_list, index, None)
                         raise
+                    except BaseException as exc:
+                        self._callback_failed(writer, exc)
         return ran
+
+    def _callback_failed(self, handle: Any, exc: BaseException) -> None:
+        """Report a callback's exception as Handle._run does (3.10-3.13)."""
+        source = _compat.format_callback_source(handle._callback, handle._args, self._debug)
+        context = {"message": f"Exception in callback {source}", "exception": exc,
+                   "handle": handle}
+        if handle._source_traceback:
+            context["source_traceback"] = handle._source_traceback
+        self.call_exception_handler(context)
 
     def _requeue(
         self, event_list: list[tuple[selectors.SelectorKey, int]], index: int, writer: Any

@@ -561,7 +561,10 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         else:
             self._append(data)
         if not (self._queued or self._polling_write or self._sending):
-            self._queue_write()
+            # _queue_write(), inlined: one call less per deferred write.
+            stats.writes_deferred += 1
+            self._queued = True
+            self._loop._write_queue.append(self)
         if self._buffer_size > self._high_water:  # else flow control has nothing to do
             self._check_high_water()
 
@@ -697,8 +700,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 # resume_writing() wrote more after everything went out.
                 self._queued = True
                 self._loop._write_queue.append(self)
-        else:
+        elif (self._feeds or self._polling_write or self._closing or self._eof
+              or self._empty_waiter is not None):
             self._write_done()
+        # else: _write_done would find nothing to do (the common case of a
+        # deferred write, so its call is skipped).
 
     def _consume(self, n: int) -> None:
         """Drop the first *n* bytes sent from the buffer."""

@@ -421,3 +421,44 @@ def test_extra_info_matches_the_socket(loop: asyncio.AbstractEventLoop, loop_nam
             assert client.get_extra_info("socket").fileno() == -1
 
     run(loop, main())
+
+
+def test_reader_exception_reaches_the_handler_as_stock_reports_it(
+    loop: asyncio.AbstractEventLoop, loop_name: str, loop_errors: Any
+) -> None:
+    """An add_reader callback that raises: the handler gets the message,
+    exception and handle Handle._run gives it (ours runs I/O callbacks
+    without Handle._run's frame when nothing else is ready), and the loop
+    goes on."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    loop_errors.expect("Exception in callback")
+    calls: list[int] = []
+
+    def failing() -> None:
+        calls.append(1)
+        a.recv(100)
+        raise ZeroDivisionError("from the reader")
+
+    async def main() -> None:
+        loop.add_reader(a.fileno(), failing)
+        b.send(b"x")
+        for _ in range(100):
+            await asyncio.sleep(0.001)
+            if calls:
+                break
+        await asyncio.sleep(0.01)
+        loop.remove_reader(a.fileno())
+
+    try:
+        run(loop, main())
+    finally:
+        a.close()
+        b.close()
+    assert calls == [1]
+    [context] = loop_errors.contexts
+    assert isinstance(context["exception"], ZeroDivisionError)
+    if loop_name != "uvloop":  # uvloop's text and keys are its own
+        assert context["message"].startswith("Exception in callback ")
+        assert "failing" in context["message"]
+        assert isinstance(context["handle"], asyncio.Handle)  # cancelled by now
