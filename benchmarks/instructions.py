@@ -23,6 +23,15 @@ costs more than an add), but they move only when the code does, so a change
 of a few per cent is visible in one run.  Counts include the driver, the
 same Python code on every loop.
 
+Read the 100 KiB column as a count of user-space copies, not as a cost to
+compare between loops: uvloop and asyncio_relaxed copy each message out of
+a reusable, aligned buffer (about one counted instruction per byte under
+valgrind), while stock asyncio has the kernel write into a fresh 256 KiB
+``bytes`` (mmap, and a copy to an unaligned address: kernel work that
+callgrind does not see and that costs stock 2-4x the CPU time of the others
+in the suite's echo-protocol-100k).  The 1 KiB column is where the loop's
+own Python code shows.
+
 Run::
 
     python -m benchmarks.instructions [--loops asyncio,uvloop,relaxed-eager]
