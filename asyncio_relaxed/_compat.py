@@ -91,7 +91,7 @@ format_handle: Any = _base_events._format_handle
 
 def format_callback_source(callback: Any, args: Any, debug: bool) -> str:
     """The "Exception in callback ..." text of Handle._run (3.13 added *debug*)."""
-    source: Any = format_helpers._format_callback_source  # type: ignore[attr-defined]
+    source: Any = format_helpers._format_callback_source
     if sys.version_info >= (3, 13):
         return source(callback, args, debug=debug)  # type: ignore[no-any-return]
     return source(callback, args)  # type: ignore[no-any-return]

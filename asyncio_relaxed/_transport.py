@@ -66,9 +66,9 @@ from __future__ import annotations
 import mmap
 import socket
 import warnings
+from asyncio import protocols
 from collections.abc import Mapping
 from types import MappingProxyType
-from asyncio import protocols
 from typing import TYPE_CHECKING, Any
 
 from . import _compat
@@ -257,7 +257,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # _consume, with one slice deletion per send.  Made by the first
         # write that has to buffer (_NO_BUFFER until then): an idle
         # connection, and one whose eager writes all go out whole, has none.
-        self._buffer: list[bytes | memoryview] = _NO_BUFFER  # type: ignore[assignment]
+        self._buffer: list[bytes | memoryview] = _NO_BUFFER
         self._buffer_size = 0
         self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
         self._closing = False  # Set when close() is called.
@@ -342,8 +342,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if high is None and low is None:
             # Stock's defaults, as shared int objects: stock computes the low
             # mark per transport, a 32-byte int per connection.
-            self._high_water = _DEFAULT_HIGH_WATER
-            self._low_water = _DEFAULT_LOW_WATER
+            # (Slots of the base class, which mypy sees as Any.)
+            self._high_water = _DEFAULT_HIGH_WATER  # type: ignore[misc]
+            self._low_water = _DEFAULT_LOW_WATER  # type: ignore[misc]
         else:
             super()._set_write_buffer_limits(high, low)
 

@@ -9,8 +9,8 @@ policy and accept strategy.  Only the public API of asyncio_relaxed is used.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import atexit
+import dataclasses
 import importlib
 import os
 import shutil

@@ -225,7 +225,8 @@ def test_smoke_every_kind_of_workload(tmp_path: Path) -> None:
 def test_instructions_parse_and_arithmetic() -> None:
     from benchmarks import instructions
 
-    stderr = "==1== Events    : Ir\n==1== Collected : 482200271\n==1==\n==1== I   refs: 482,200,271\n"
+    stderr = ("==1== Events    : Ir\n==1== Collected : 482200271\n==1==\n"
+              "==1== I   refs: 482,200,271\n")
     assert instructions.parse_collected(stderr) == 482_200_271
     with pytest.raises(RuntimeError, match="no callgrind total"):
         instructions.parse_collected("valgrind: command not found", ["valgrind", "x"])
