@@ -14,6 +14,7 @@ import sys
 from asyncio import (
     base_events,
     constants,
+    events,
     format_helpers,
     futures,
     selector_events,
@@ -33,7 +34,10 @@ __all__ = [
     "PY312",
     "PY314",
     "SENDFILE_TRY_NATIVE",
+    "STOCK_HANDLE_RUN",
+    "TRANSPORT_EXTRA_SLOT",
     "FlowControlMixin",
+    "Handle",
     "SSLProtocol",
     "SelectorEventLoop",
     "TransportSocket",
@@ -88,15 +92,23 @@ DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (_constants.SSL_HANDSHAKE_TIMEOUT,) + 
 
 format_handle: Any = _base_events._format_handle
 
+set_nodelay: Any = _base_events._set_nodelay
+set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 
+# Handle._run as this Python defines it.  The loop's direct dispatch inlines
+# it only while it is still this function: instrumentation replaces it
+# (aiodebug's slow-callback logging) and must keep seeing I/O callbacks.
+Handle: Any = events.Handle
+STOCK_HANDLE_RUN: Any = events.Handle._run
+
+# BaseTransport's storage slot for _extra, under the transport's property.
+TRANSPORT_EXTRA_SLOT: Any = transports.BaseTransport.__dict__["_extra"]
 def format_callback_source(callback: Any, args: Any, debug: bool) -> str:
     """The "Exception in callback ..." text of Handle._run (3.13 added *debug*)."""
     source: Any = format_helpers._format_callback_source
     if sys.version_info >= (3, 13):
         return source(callback, args, debug=debug)  # type: ignore[no-any-return]
     return source(callback, args)  # type: ignore[no-any-return]
-set_nodelay: Any = _base_events._set_nodelay
-set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 
 # Server._attach/_detach take the transport since 3.13 (Server.close_clients).
 _ATTACH_TAKES_TRANSPORT = (

@@ -554,6 +554,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         reader (an earlier callback may have registered a new one).
         """
         ran = 0
+        # Handle._run without its frame (one Python call less per event):
+        # the callback in the handle's context; an exception goes to the
+        # handler as Handle._run sends it.  Only while Handle._run is stock's:
+        # whoever replaced it (slow-callback loggers) must see these calls.
+        inline = _compat.Handle._run is _compat.STOCK_HANDLE_RUN
         for index, (key, mask) in enumerate(event_list):
             reader, writer = key.data
             if mask & selectors.EVENT_READ and reader is not None:
@@ -561,11 +566,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                     self._remove_cancelled(key, reader, 0)
                 else:
                     ran += 1
-                    # Handle._run without its frame (one Python call less
-                    # per event): the callback in the handle's context; an
-                    # exception goes to the handler as Handle._run sends it.
                     try:
-                        reader._context.run(reader._callback, *reader._args)
+                        if inline:
+                            reader._context.run(reader._callback, *reader._args)
+                        else:
+                            reader._run()
                     except (SystemExit, KeyboardInterrupt):
                         if not mask & selectors.EVENT_WRITE:
                             writer = None
@@ -579,12 +584,18 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 else:
                     ran += 1
                     try:
-                        writer._context.run(writer._callback, *writer._args)
+                        if inline:
+                            writer._context.run(writer._callback, *writer._args)
+                        else:
+                            writer._run()
                     except (SystemExit, KeyboardInterrupt):
                         self._requeue(event_list, index, None)
                         raise
                     except BaseException as exc:
                         self._callback_failed(writer, exc)
+        # As Handle._run's "self = None": a traceback kept by whoever got an
+        # exception holds this frame; it must not hold the batch too.
+        event_list = key = reader = writer = None  # type: ignore[assignment]
         return ran
 
     def _callback_failed(self, handle: Any, exc: BaseException) -> None:

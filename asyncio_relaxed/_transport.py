@@ -86,11 +86,13 @@ except (AttributeError, ValueError, OSError):
 
 # get_extra_info's fallback when the caller passed no extra keys of its own.
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
+# Where BaseTransport keeps _extra; the transport's _extra is a property.
+_RAW_EXTRA: Any = _compat.TRANSPORT_EXTRA_SLOT
 
 # The local address of accepted sockets, one tuple per distinct address: every
 # connection a listener accepts has the same sockname (one per local address
 # the listener answers on), so they share it instead of holding a copy each
-# (a tuple and a str, 114 bytes).  Bounded: past the cap, each keeps its own.
+# (a tuple and a str, 114 bytes).  Bounded: at the cap it starts over.
 _SERVER_SOCKNAMES: dict[Any, Any] = {}
 _SERVER_SOCKNAMES_MAX = 1024
 
@@ -171,6 +173,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_deferred",
         "_empty_waiter",
         "_eof",
+        "_extra_dict",
         "_feed_policy",
         "_feeds",
         "_paused",
@@ -214,6 +217,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
         self._server = None
+        self._extra_dict: dict[str, Any] | None = None  # see the _extra property
         # The three addresses of stock's extra dict live in slots; the dict
         # is kept only for other keys a caller passed (the accept path passes
         # just the peer name).  About 300 bytes less per connection: a
@@ -236,7 +240,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         except OSError:
             sockname = None
         else:
-            if server is not None and len(_SERVER_SOCKNAMES) < _SERVER_SOCKNAMES_MAX:
+            if server is not None:
+                if len(_SERVER_SOCKNAMES) >= _SERVER_SOCKNAMES_MAX:
+                    _SERVER_SOCKNAMES.clear()  # listeners come and go (tests)
                 sockname = _SERVER_SOCKNAMES.setdefault(sockname, sockname)
         self._sockname = sockname
         # The socket, until get_extra_info("socket") wraps it (then the
@@ -348,7 +354,30 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         else:
             super()._set_write_buffer_limits(high, low)
 
+    # ``_extra`` is private to asyncio, but code in the wild reads and writes
+    # ``transport._extra["peername"]``: it gets stock's dict (the caller's
+    # keys, then socket, sockname and peername), made on first touch, after
+    # which get_extra_info answers from it.  Until then the caller's own keys
+    # stay in BaseTransport's slot and the addresses in ours.
+    @property
+    def _extra(self) -> dict[str, Any]:
+        made = self._extra_dict
+        if made is None:
+            made = dict(_RAW_EXTRA.__get__(self, type(self)))
+            made["socket"] = self.get_extra_info("socket")
+            made["sockname"] = self._sockname
+            made["peername"] = self._peername  # the caller's, when it gave one
+            self._extra_dict = made
+        return made
+
+    @_extra.setter
+    def _extra(self, extra: Any) -> None:  # BaseTransport.__init__
+        _RAW_EXTRA.__set__(self, extra)
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        made = self._extra_dict
+        if made is not None:
+            return made.get(name, default)
         if name == "peername":
             return self._peername
         if name == "sockname":
@@ -358,7 +387,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             if tsock is not None and type(tsock) is not _compat.TransportSocket:
                 tsock = self._tsock = _compat.TransportSocket(tsock)
             return tsock
-        return self._extra.get(name, default)
+        return _RAW_EXTRA.__get__(self, type(self)).get(name, default)
 
     def get_protocol(self) -> Any:
         return self._protocol

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 
 import asyncio_relaxed
@@ -69,6 +70,7 @@ ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed
 BASELINES: dict[str, str] = {}
 #: Checkout path -> a folder holding only a link to its asyncio_relaxed.
 _SHIMS: dict[str, str] = {}
+_SHIMS_LOCK = threading.Lock()
 
 
 def register_baseline(name: str, path: object) -> str:
@@ -109,12 +111,14 @@ def import_dir(name: str) -> str | None:
     path = BASELINES.get(name)
     if path is None:
         return None
-    shim = _SHIMS.get(path)
-    if shim is None:
-        shim = tempfile.mkdtemp(prefix="relaxed-baseline-")
-        os.symlink(os.path.join(path, "asyncio_relaxed"), os.path.join(shim, "asyncio_relaxed"))
-        atexit.register(shutil.rmtree, shim, True)  # the link only, not the checkout
-        _SHIMS[path] = shim
+    with _SHIMS_LOCK:  # benchmarks.instructions asks from several threads
+        shim = _SHIMS.get(path)
+        if shim is None:
+            shim = tempfile.mkdtemp(prefix="relaxed-baseline-")
+            os.symlink(os.path.join(path, "asyncio_relaxed"),
+                       os.path.join(shim, "asyncio_relaxed"))
+            atexit.register(shutil.rmtree, shim, True)  # the link only, not the checkout
+            _SHIMS[path] = shim
     return shim
 
 

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import sys
 import threading
+import traceback
 from typing import Any
 
 import pytest
@@ -462,3 +463,76 @@ def test_reader_exception_reaches_the_handler_as_stock_reports_it(
         assert context["message"].startswith("Exception in callback ")
         assert "failing" in context["message"]
         assert isinstance(context["handle"], asyncio.Handle)  # cancelled by now
+        # Whoever keeps the exception keeps its traceback's frames: like
+        # Handle._run's "self = None", they must not hold the handle.
+        frames = [frame for frame, _ in traceback.walk_tb(context["exception"].__traceback__)]
+        held = [v for f in frames for v in f.f_locals.values() if isinstance(v, asyncio.Handle)]
+        assert held == []
+
+
+def test_private_extra_dict_reads_and_writes_as_in_stock(
+    loop: asyncio.AbstractEventLoop, loop_name: str
+) -> None:
+    """Code in the wild reads and writes ``transport._extra`` (asyncio's
+    private dict): it holds socket, sockname and peername, and what is
+    written there is what get_extra_info answers."""
+    if loop_name == "uvloop":
+        pytest.skip("uvloop's transports have no _extra")
+
+    async def main() -> None:
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        extra = transport._extra
+        assert extra["peername"] == transport.get_extra_info("peername") == ("127.0.0.1", port)
+        assert extra["sockname"] == transport.get_extra_info("sockname")
+        assert extra["socket"] is transport.get_extra_info("socket")
+        extra["peername"] = ("192.0.2.1", 7)
+        extra["mine"] = 1
+        assert transport.get_extra_info("peername") == ("192.0.2.1", 7)
+        assert transport.get_extra_info("mine") == 1
+        transport.close()
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
+def test_a_replaced_handle_run_sees_io_callbacks(
+    loop: asyncio.AbstractEventLoop, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slow-callback loggers (aiodebug) replace Handle._run; the callbacks of
+    I/O events must still go through it (ours inlines it only while it is
+    stock's)."""
+    if loop_name == "uvloop":
+        pytest.skip("uvloop's handles are its own")
+    seen: list[Any] = []
+    stock_run = asyncio.Handle._run
+
+    def run_and_record(self: Any) -> None:
+        seen.append(self._callback)
+        stock_run(self)
+
+    monkeypatch.setattr(asyncio.Handle, "_run", run_and_record)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    got = loop.create_future()
+
+    def on_read() -> None:
+        if not got.done():
+            got.set_result(a.recv(10))
+
+    async def main() -> bytes:
+        await asyncio.sleep(0.01)  # nothing ready when the event comes
+        loop.add_reader(a.fileno(), on_read)
+        b.send(b"ping")
+        data: bytes = await got
+        loop.remove_reader(a.fileno())
+        return data
+
+    try:
+        assert run(loop, main()) == b"ping"
+    finally:
+        a.close()
+        b.close()
+    assert on_read in seen
