@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from conftest import iterate, run, stalled_pair
+from conftest import Echo, iterate, run, stalled_pair
 
 
 class Sink(asyncio.Protocol):
@@ -224,14 +224,6 @@ def test_messages_over_64k_take_one_read_each(relaxed_loop: asyncio_relaxed.Loop
     transport.close()
     iterate(relaxed_loop, 2)
     b.close()
-
-
-class Echo(asyncio.Protocol):
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.transport.write(data)
 
 
 @pytest.mark.parametrize("write", ["eager", "deferred"])
