@@ -218,9 +218,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._sock: socket.socket | None = None
         self._server = None
         self._extra_dict: dict[str, Any] | None = None  # see the _extra property
-        # The three addresses of stock's extra dict live in slots; the dict
-        # is kept only for other keys a caller passed (the accept path passes
-        # just the peer name).  About 300 bytes less per connection: a
+        # The socket and the two addresses of stock's extra dict live in
+        # slots; the dict is kept only for other keys a caller passed (the
+        # accept path passes just the peer name).  About 300 bytes less per connection: a
         # 3-entry dict, a TransportSocket made before anyone asks for it, and
         # a copy of the local address per accepted connection.
         if extra:
