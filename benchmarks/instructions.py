@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import re
@@ -60,7 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loops
+from benchmarks import loops, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = 10
@@ -153,9 +152,7 @@ def child(loop_name: str, size: int, rounds: int) -> None:
         _floor(served, driver)
         return
     # Which tree asyncio_relaxed comes from, for the parent's check.
-    spec = importlib.util.find_spec("asyncio_relaxed")
-    print(json.dumps({"relaxed": os.path.dirname(spec.origin or "") if spec else None}),
-          flush=True)
+    print(json.dumps({"relaxed": loops.relaxed_package()}), flush=True)
     loop = loops.factory(loop_name)()
     finished = loop.create_future()
 
@@ -207,8 +204,7 @@ def _floor(served: list[socket.socket], driver: Driver) -> None:
 def count(name: str, size: int, rounds: int) -> int:
     """Instructions callgrind collected for one child run of loop *name*."""
     first = loops.import_dir(name) if name != FLOOR else None
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, str(ROOT), env.get("PYTHONPATH")]))
+    env = runner._env(first)  # the checkout's shim first, then this tree
     env["PYTHONHASHSEED"] = "0"  # the same dict layouts in every run
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                sys.executable, "-m", "benchmarks.instructions", "--child",

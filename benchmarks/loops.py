@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import dataclasses
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -120,6 +121,13 @@ def import_dir(name: str) -> str | None:
             atexit.register(shutil.rmtree, shim, True)  # the link only, not the checkout
             _SHIMS[path] = shim
     return shim
+
+
+def relaxed_package() -> str | None:
+    """The folder this process imports asyncio_relaxed from (children report
+    it, and check_package compares it with the tree they should use)."""
+    spec = importlib.util.find_spec("asyncio_relaxed")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
 
 
 def check_package(name: str, package_dir: str | None, root: object) -> None:

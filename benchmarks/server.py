@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import mmap
 import os
@@ -150,12 +149,6 @@ def snapshot(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
     return mark
 
 
-def relaxed_package() -> str | None:
-    """The folder asyncio_relaxed is imported from (the runner checks baselines)."""
-    spec = importlib.util.find_spec("asyncio_relaxed")
-    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
-
-
 def _finish(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -205,7 +198,7 @@ async def serve(args: argparse.Namespace) -> None:
     port = server.sockets[0].getsockname()[1]
     print(json.dumps({"listening": port, "pid": os.getpid(),
                       "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
-                      "relaxed": relaxed_package()}), flush=True)
+                      "relaxed": loops.relaxed_package()}), flush=True)
     threading.Thread(target=control, daemon=True).start()
     await stop
     if runner is not None:
