@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from . import _compat
-from ._config import AcceptStrategy, Config, resolve
+from ._config import AcceptStrategy, Config, PartialWrite, WriteMode, resolve
 from ._poller import Poller, default_backend
 from ._stats import Counters, LoopStatistics
 from ._transport import SocketTransport, is_tcp, read_buffer, set_options
@@ -194,6 +194,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             poller = Poller(selector, stats=self._stats)
         poller.on_error = self._poller_error
         self._backend_name = poller.backend_name  # statistics() works after close()
+        # The write settings every transport reads (kept here, not in a
+        # slot per transport: 16 bytes per connection).
+        self._deferred_writes = config.write is WriteMode.DEFERRED
+        self._feed_writes = config.partial_write is PartialWrite.FEED
         # Transports with deferred writes, and short writes to retry (feed).
         self._write_queue: list[SocketTransport] = []
         self._feed_queue: list[SocketTransport] = []
@@ -540,7 +544,21 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if transport._queued:
                 transport._write_now()
 
-    def _dispatch_events(self, event_list: list[tuple[selectors.SelectorKey, int]]) -> int:
+    def _process_events(self, event_list: list[tuple[int, Any, int]]) -> None:
+        """Stock's, for the poller's (fd, data, mask) triples (Poller.ready)."""
+        for fd, (reader, writer), mask in event_list:
+            if mask & selectors.EVENT_READ and reader is not None:
+                if reader._cancelled:
+                    self._remove_reader(fd)
+                else:
+                    self._add_callback(reader)
+            if mask & selectors.EVENT_WRITE and writer is not None:
+                if writer._cancelled:
+                    self._remove_writer(fd)
+                else:
+                    self._add_callback(writer)
+
+    def _dispatch_events(self, event_list: list[tuple[int, Any, int]]) -> int:
         """Run the I/O callbacks of *event_list* at once; return how many ran.
 
         Safe only when the ready queue was empty before the poll (the
@@ -559,11 +577,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # handler as Handle._run sends it.  Only while Handle._run is stock's:
         # whoever replaced it (slow-callback loggers) must see these calls.
         inline = _compat.Handle._run is _compat.STOCK_HANDLE_RUN
-        for index, (key, mask) in enumerate(event_list):
-            reader, writer = key.data
+        for index, (fd, (reader, writer), mask) in enumerate(event_list):
             if mask & selectors.EVENT_READ and reader is not None:
                 if reader._cancelled:
-                    self._remove_cancelled(key, reader, 0)
+                    self._remove_cancelled(fd, reader, 0)
                 else:
                     ran += 1
                     try:
@@ -580,7 +597,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                         self._callback_failed(reader, exc)
             if mask & selectors.EVENT_WRITE and writer is not None:
                 if writer._cancelled:
-                    self._remove_cancelled(key, writer, 1)
+                    self._remove_cancelled(fd, writer, 1)
                 else:
                     ran += 1
                     try:
@@ -595,7 +612,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                         self._callback_failed(writer, exc)
         # As Handle._run's "self = None": a traceback kept by whoever got an
         # exception holds this frame; it must not hold the batch too.
-        event_list = key = reader = writer = None  # type: ignore[assignment]
+        event_list = reader = writer = None  # type: ignore[assignment]
         return ran
 
     def _callback_failed(self, handle: Any, exc: BaseException) -> None:
@@ -607,26 +624,24 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             context["source_traceback"] = handle._source_traceback
         self.call_exception_handler(context)
 
-    def _requeue(
-        self, event_list: list[tuple[selectors.SelectorKey, int]], index: int, writer: Any
-    ) -> None:
+    def _requeue(self, event_list: list[tuple[int, Any, int]], index: int, writer: Any) -> None:
         """SystemExit or KeyboardInterrupt left a batch half run (Handle._run
         reports everything else): queue what stock would have queued."""
         if writer is not None and not writer._cancelled:
             self._ready.append(writer)
         self._process_events(event_list[index + 1:])
 
-    def _remove_cancelled(self, key: selectors.SelectorKey, handle: Any, which: int) -> None:
+    def _remove_cancelled(self, fd: int, handle: Any, which: int) -> None:
         """Stock drops a cancelled reader/writer that the poll reported."""
         try:
-            current = self._selector.get_key(key.fd).data[which]
+            current = self._selector.get_key(fd).data[which]
         except KeyError:
             return
         if current is handle:
             if which:
-                self._remove_writer(key.fileobj)
+                self._remove_writer(fd)
             else:
-                self._remove_reader(key.fileobj)
+                self._remove_reader(fd)
 
     def _run_once(self) -> None:
         """Run one full iteration of the event loop (see the module docstring)."""
@@ -674,7 +689,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 timeout = 0
 
         # Phase: apply interest changes, then poll (both inside select()).
-        event_list = self._selector.select(timeout)
+        event_list = self._selector.ready(timeout)
         ready = self._ready
         # Fast path, safe only when nothing was ready before the poll (and
         # not in debug mode, which times each callback): stock would queue

@@ -14,11 +14,11 @@ changed watchers and flushes it in ``uv__io_poll`` just before ``epoll_wait``.
 
 This poller does the same.  For each fd it knows two masks:
 
-* *wanted*: what the loop asked for, i.e. ``self._keys[fd].events``, updated
+* *wanted*: what the loop asked for (a key's ``events``), updated
   synchronously by ``register``/``modify``/``unregister`` so that ``get_key``
   and ``get_map`` (which the loop's ``add_reader`` relies on) always tell the
   truth;
-* *applied*: what the kernel was last told, ``self._applied[fd]``.
+* *applied*: what the kernel was last told.
 
 A change marks the fd dirty; :meth:`select` sends the net change of every dirty
 fd to the kernel, then waits.  A reader removed and added back before the next
@@ -241,6 +241,18 @@ def default_backend(kind: str = "auto") -> EpollBackend | SelectorBackend:
     return SelectorBackend(selectors.DefaultSelector())
 
 
+# An fd's state in one small int (ints below 256 are shared objects):
+_WANTED = _BOTH  # bits 0-1: the mask the loop asked for; 0 when not registered
+_APPLIED_SHIFT = 2  # bits 2-3: the mask the kernel holds; 0 when it holds none
+_APPLIED = _BOTH << _APPLIED_SHIFT
+_OWNED = 16  # bit 4: own() was called and release() not yet (edge 1)
+# The state of nearly every fd of a server: a connection's socket, owned by
+# its transport, reading, and the kernel told so.  Poller._state leaves it
+# out (a registered fd without an entry is in this state), so an idle
+# connection costs one dict entry in the poller, not two.
+_COMMON = EVENT_READ | EVENT_READ << _APPLIED_SHIFT | _OWNED
+
+
 class _Mapping(Mapping[Any, SelectorKey]):
     """get_map(): the registered keys, looked up by fd or file object."""
 
@@ -250,16 +262,30 @@ class _Mapping(Mapping[Any, SelectorKey]):
         self._poller = poller
 
     def __len__(self) -> int:
-        return len(self._poller._keys)
+        return len(self._poller._data)
 
     def __getitem__(self, fileobj: Any) -> SelectorKey:
+        return self._poller.get_key(fileobj)
+
+    def get(self, fileobj: Any, default: Any = None) -> Any:
+        # Read on every add_reader/remove_reader by 3.13's loop: without
+        # Mapping.get's try/except around __getitem__.
+        poller = self._poller
         try:
-            return self._poller._keys[self._poller._lookup(fileobj)]
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
+            fd = poller._lookup(fileobj)
+        except (KeyError, ValueError):
+            return default
+        data = poller._data.get(fd, _MISSING)
+        if data is _MISSING:
+            return default
+        return poller._key(fd, data)
 
     def __iter__(self) -> Any:
-        return iter(self._poller._keys)
+        return iter(self._poller._data)
+
+
+_MISSING: Any = object()
+_new_key = tuple.__new__  # SelectorKey without its Python-level __new__
 
 
 class Poller(selectors.BaseSelector):
@@ -269,6 +295,13 @@ class Poller(selectors.BaseSelector):
     plain stdlib selector is wrapped.  *stats* receives the counts of kernel
     calls.  ``on_error(fd, exc)`` is told about a deferred change the kernel
     refused for a reason other than the fd being closed (ENOMEM, ENOSPC).
+
+    Per registered fd it keeps the data (``_data``) and, unless it is
+    _COMMON, a small int (``_state``: wanted mask, applied mask, owned); it
+    makes SelectorKey objects only when asked (get_key, get_map, select).
+    A server holding 10,000 idle connections would otherwise keep 10,000
+    keys of 80 bytes and three tables.  The loop polls with :meth:`ready`,
+    which hands out (fd, data, mask) without making keys.
     """
 
     def __init__(
@@ -284,10 +317,10 @@ class Poller(selectors.BaseSelector):
         self._backend: EpollBackend | SelectorBackend = backend
         self.stats = stats if stats is not None else Counters()
         self.on_error: Callable[[int, BaseException], None] | None = None
-        self._keys: dict[int, SelectorKey] = {}
-        self._applied: dict[int, int] = {}  # fd -> mask the kernel holds
+        self._data: dict[int, Any] = {}  # registered fd -> its key's data
+        self._state: dict[int, int] = {}  # fd -> wanted | applied << 2 | owned (_get)
+        self._fileobjs: dict[int, Any] = {}  # registered fd -> file object, if not the fd
         self._dirty: set[int] = set()  # fds whose wanted mask may differ
-        self._owned: set[int] = set()  # fds released before close (edge 1)
         self._exclusive: set[int] = set()  # registered with EPOLLEXCLUSIVE
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
         self._map = _Mapping(self)
@@ -312,16 +345,43 @@ class Poller(selectors.BaseSelector):
             return _fileobj_to_fd(fileobj)
         except ValueError:
             # A closed file object: find it by identity, as selectors does.
-            for key in self._keys.values():
-                if key.fileobj is fileobj:
-                    return key.fd
+            for fd, registered in self._fileobjs.items():
+                if registered is fileobj:
+                    return fd
             raise
 
+    def _key(self, fd: int, data: Any) -> SelectorKey:
+        return _new_key(
+            SelectorKey, (self._fileobjs.get(fd, fd), fd, self._get(fd) & _WANTED, data)
+        )
+
     def get_key(self, fileobj: Any) -> SelectorKey:
-        try:
-            return self._keys[self._lookup(fileobj)]
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
+        fd = self._lookup(fileobj)
+        data = self._data.get(fd, _MISSING)
+        if data is _MISSING:
+            raise KeyError(f"{fileobj!r} is not registered")
+        return self._key(fd, data)
+
+    def _get(self, fd: int) -> int:
+        """*fd*'s state: its entry, or _COMMON if registered, or 0."""
+        state = self._state.get(fd)
+        if state is None:
+            return _COMMON if fd in self._data else 0
+        return state
+
+    def _put(self, fd: int, state: int) -> None:
+        """Store *fd*'s state; call it after any change of ``_data[fd]``."""
+        if state == (_COMMON if fd in self._data else 0):
+            self._state.pop(fd, None)
+        else:
+            self._state[fd] = state
+
+    def _applied(self, fd: int) -> int:
+        """The mask the kernel holds for *fd* (0: none)."""
+        return (self._get(fd) & _APPLIED) >> _APPLIED_SHIFT
+
+    def _set_applied(self, fd: int, mask: int) -> None:
+        self._put(fd, (self._get(fd) & ~_APPLIED) | mask << _APPLIED_SHIFT)
 
     @property
     def pending_changes(self) -> int:
@@ -336,7 +396,7 @@ class Poller(selectors.BaseSelector):
         Until then, removing *fd*'s registration is deferred to the next
         flush, so that a removal undone within the iteration costs nothing.
         """
-        self._owned.add(fd)
+        self._put(fd, self._get(fd) | _OWNED)
 
     def release(self, fd: int) -> None:
         """*fd* is about to be closed: apply its pending change now.
@@ -345,9 +405,10 @@ class Poller(selectors.BaseSelector):
         closed the fd, a duplicate of the file could keep the registration
         alive where no number names it any more (edge 1).
         """
-        self._owned.discard(fd)
+        state = self._get(fd) & ~_OWNED
+        self._put(fd, state)
         self._dirty.discard(fd)
-        if fd in self._applied:
+        if state & _APPLIED:
             self._flush_one(fd)
 
     def exclusive(self, fd: int) -> None:
@@ -366,56 +427,66 @@ class Poller(selectors.BaseSelector):
         if not events or events & ~_BOTH:
             raise ValueError(f"Invalid events: {events!r}")
         fd = _fileobj_to_fd(fileobj)
-        if fd in self._keys:
+        if fd in self._data:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
-        key = SelectorKey(fileobj, fd, events, data)
-        self._keys[fd] = key
-        if fd in self._owned and fd in self._applied:
+        state = self._get(fd) | events
+        self._data[fd] = data
+        if fileobj is not fd:
+            self._fileobjs[fd] = fileobj
+        self._put(fd, state)
+        applied = (state & _APPLIED) >> _APPLIED_SHIFT
+        if state & _OWNED and applied:
             # Removed earlier (this iteration, or lazily kept since) and the
             # owner has not closed it: the kernel holds this very file, so
             # only a difference from what it holds needs telling.
-            if events == self._applied[fd]:
+            if events == applied:
                 self._dirty.discard(fd)
             else:
                 self._dirty.add(fd)
-            return key
-        try:
-            self._apply(fd, events)
-        except BaseException:
-            del self._keys[fd]
-            raise
-        return key
+        else:
+            try:
+                self._apply(fd, events)
+            except BaseException:
+                state = self._get(fd) & ~_WANTED
+                del self._data[fd]
+                self._fileobjs.pop(fd, None)
+                self._put(fd, state)
+                raise
+        return _new_key(SelectorKey, (fileobj, fd, events, data))
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         if not events or events & ~_BOTH:
             raise ValueError(f"Invalid events: {events!r}")
-        try:
-            fd = self._lookup(fileobj)
-            key = self._keys[fd]
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
-        if events != key.events:
+        fd = self._lookup(fileobj)
+        datas = self._data
+        if fd not in datas:
+            raise KeyError(f"{fileobj!r} is not registered")
+        state = self._get(fd)
+        if events != state & _WANTED:
             self._dirty.add(fd)
-        if events != key.events or data is not key.data:
-            key = key._replace(events=events, data=data)
-            self._keys[fd] = key
-        return key
+            self._put(fd, (state & ~_WANTED) | events)
+        datas[fd] = data
+        return self._key(fd, data)
 
     def unregister(self, fileobj: Any) -> SelectorKey:
+        fd = self._lookup(fileobj)
+        state = self._get(fd)
         try:
-            fd = self._lookup(fileobj)
-            key = self._keys.pop(fd)
+            data = self._data.pop(fd)
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
+        key = _new_key(SelectorKey, (self._fileobjs.pop(fd, fd), fd, state & _WANTED, data))
+        state &= ~_WANTED
+        self._put(fd, state)
         self._exclusive.discard(fd)
         if fd in self._always_ready:
             self._always_ready.discard(fd)
             self._dirty.discard(fd)
-        elif fd in self._owned and fd in self._applied:
+        elif state & _OWNED and state & _APPLIED:
             self._dirty.add(fd)  # deferred: the owner releases before closing
         else:
             self._dirty.discard(fd)
-            if fd in self._applied:
+            if state & _APPLIED:
                 self._remove_now(fd)
         return key
 
@@ -424,14 +495,14 @@ class Poller(selectors.BaseSelector):
         stats = self.stats
         backend = self._backend
         if fd in self._exclusive:
-            if fd in self._applied:
+            if self._applied(fd):
                 self._remove_now(fd)
             stats.epoll_ctl_add += 1
             backend.add(fd, mask, exclusive=True)
-            self._applied[fd] = mask
+            self._set_applied(fd, mask)
             return
         try:
-            if fd in self._applied:
+            if self._applied(fd):
                 try:
                     stats.epoll_ctl_mod += 1
                     backend.modify(fd, mask)
@@ -448,17 +519,17 @@ class Poller(selectors.BaseSelector):
                     backend.modify(fd, mask)
         except PermissionError:
             # epoll refuses files that are always ready (edge 5).
-            self._applied.pop(fd, None)
+            self._set_applied(fd, 0)
             self._always_ready.add(fd)
             stats.always_ready_fds += 1
             return
         except BaseException:
-            self._applied.pop(fd, None)
+            self._set_applied(fd, 0)
             raise
-        self._applied[fd] = mask
+        self._set_applied(fd, mask)
 
     def _remove_now(self, fd: int) -> None:
-        del self._applied[fd]
+        self._set_applied(fd, 0)
         self.stats.epoll_ctl_del += 1
         try:
             self._backend.remove(fd)
@@ -483,16 +554,16 @@ class Poller(selectors.BaseSelector):
         releases the fd before closing it, and select() applies the change
         when an unwanted event comes.
         """
-        key = self._keys.get(fd)
-        wanted = key.events if key is not None else 0
-        applied = self._applied.get(fd, 0)
+        state = self._get(fd)
+        wanted = state & _WANTED
+        applied = (state & _APPLIED) >> _APPLIED_SHIFT
         if wanted == applied or fd in self._always_ready:
             return
         if (
             lazy
             and not wanted & ~applied  # nothing to add
             and (applied & ~wanted) == EVENT_READ  # only reading dropped
-            and fd in self._owned
+            and state & _OWNED
             and fd not in self._exclusive
         ):
             return
@@ -514,6 +585,10 @@ class Poller(selectors.BaseSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
         """Apply pending changes, then wait at most *timeout* seconds (None: block)."""
+        return [(self._key(fd, data), mask) for fd, data, mask in self.ready(timeout)]
+
+    def ready(self, timeout: float | None = None) -> list[tuple[int, Any, int]]:
+        """select() for the loop: (fd, data, mask) per ready fd, no SelectorKey."""
         if self._dirty:
             self.flush()
         if self._always_ready:
@@ -525,7 +600,8 @@ class Poller(selectors.BaseSelector):
                 # epoll_wait has millisecond resolution: round up so that a
                 # timer due in 0.3 ms does not become a busy loop of zero waits.
                 timeout = math.ceil(timeout * 1e3) * 1e-3
-        keys = self._keys
+        datas = self._data
+        states = self._state
         stats = self.stats
         stats.poll_waits += 1
         ready = []
@@ -533,48 +609,47 @@ class Poller(selectors.BaseSelector):
         if epoll is not None:
             # Fast path for the epoll backend, the one every event of a busy
             # server goes through: the kernel's (fd, mask) pairs are turned
-            # into (key, mask) in one pass, without EpollBackend.poll's
+            # into (fd, data, mask) in one pass, without EpollBackend.poll's
             # intermediate list.  Same translation as EpollBackend.poll.
             try:
-                fd_events = epoll.poll(-1 if timeout is None else timeout, len(keys) or 1)
+                fd_events = epoll.poll(-1 if timeout is None else timeout, len(datas) or 1)
             except InterruptedError:
                 fd_events = []
             for fd, kmask in fd_events:
-                key = keys.get(fd)
-                if key is None:
+                data = datas.get(fd, _MISSING)
+                if data is _MISSING:
                     self._unwanted(fd)
                     continue
+                events = states.get(fd, _COMMON) & _WANTED
                 if kmask == _EPOLLIN:
                     mask = EVENT_READ  # the common case, by far
                 else:
                     mask = _kernel_to_mask(kmask)
-                events = key.events
                 if mask & ~events:
                     self._unwanted(fd)
                     mask &= events
                     if not mask:
                         continue
-                ready.append((key, mask))
+                ready.append((fd, data, mask))
         else:
             try:
-                fd_events = self._backend.poll(timeout, max(len(keys), 1))
+                fd_events = self._backend.poll(timeout, max(len(datas), 1))
             except InterruptedError:
                 fd_events = []
             for fd, mask in fd_events:
-                key = keys.get(fd)
-                if key is None:
+                data = datas.get(fd, _MISSING)
+                if data is _MISSING:
                     self._unwanted(fd)
                     continue
-                events = key.events
+                events = states.get(fd, _COMMON) & _WANTED
                 if mask & ~events:
                     self._unwanted(fd)
                     mask &= events
                     if not mask:
                         continue
-                ready.append((key, mask))
+                ready.append((fd, data, mask))
         for fd in self._always_ready:
-            key = keys[fd]
-            ready.append((key, key.events))
+            ready.append((fd, datas[fd], states.get(fd, _COMMON) & _WANTED))
         stats.events += len(ready)
         return ready
 
@@ -585,13 +660,13 @@ class Poller(selectors.BaseSelector):
         error or hang-up (reported for both directions; nothing to do when
         the kernel holds what is wanted), or a stray (edge 4).
         """
-        if fd in self._owned and fd in self._applied:
+        state = self._get(fd)
+        if state & _OWNED and state & _APPLIED:
             self._dirty.discard(fd)
-            key = self._keys.get(fd)
-            if key is not None:
+            if state & _WANTED:
                 self._flush_one(fd)  # a MOD, if the kernel holds more
                 return
-            del self._applied[fd]
+            self._set_applied(fd, 0)
             self.stats.epoll_ctl_del += 1
             try:
                 self._backend.remove(fd)
@@ -606,7 +681,7 @@ class Poller(selectors.BaseSelector):
                     # it under a number we cannot remove (edges 1 and 4).
                     self._rebuild()
             return
-        if fd not in self._keys:
+        if not state & _WANTED:
             self._stray(fd)
         # Otherwise an error or hang-up woke both directions of a registered
         # fd whose kernel mask is what is wanted: nothing to change.
@@ -615,7 +690,7 @@ class Poller(selectors.BaseSelector):
         """The kernel reported an fd we no longer watch (edge 4)."""
         if not isinstance(self._backend, EpollBackend):
             return
-        self._applied.pop(fd, None)
+        self._set_applied(fd, 0)
         try:
             self.stats.epoll_ctl_del += 1
             self._backend.remove(fd)
@@ -627,18 +702,19 @@ class Poller(selectors.BaseSelector):
         self._backend.close()
         self._backend = EpollBackend()
         self._epoll = self._backend._epoll
-        self._applied.clear()
-        self._dirty = set(self._keys) - self._always_ready
+        for fd in {*self._state, *self._data}:
+            self._set_applied(fd, 0)
+        self._dirty = set(self._data) - self._always_ready
         self.flush()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._keys.clear()
-        self._applied.clear()
+        self._data.clear()
+        self._state.clear()
+        self._fileobjs.clear()
         self._dirty.clear()
-        self._owned.clear()
         self._exclusive.clear()
         self._always_ready.clear()
         self._backend.close()

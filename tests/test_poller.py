@@ -190,16 +190,16 @@ def test_get_key_and_get_map_reflect_changes_synchronously(poller: Poller, pair:
     mapping = poller.get_map()
     assert len(mapping) == 2
     assert sorted(mapping) == sorted([a.fileno(), c.fileno()])
-    assert mapping[a] is key_a
-    assert mapping[a.fileno()] is key_a
-    assert mapping[c] is key_c
-    assert poller.get_key(c.fileno()) is key_c
+    assert mapping[a] == key_a
+    assert mapping[a.fileno()] == key_a
+    assert mapping[c] == key_c
+    assert poller.get_key(c.fileno()) == key_c
 
     new_a = poller.modify(a, R | W, "x")
-    assert poller.get_key(a) is new_a
+    assert poller.get_key(a) == new_a
     assert mapping[a.fileno()].events == R | W
 
-    assert poller.unregister(c.fileno()) is key_c
+    assert poller.unregister(c.fileno()) == key_c
     assert len(mapping) == 1
     assert list(mapping) == [a.fileno()]
     assert c.fileno() not in mapping
@@ -296,7 +296,7 @@ def test_modify_with_bad_events_keeps_the_key(poller: Poller, pair: Pair, events
     key = poller.register(a, R)
     with pytest.raises(ValueError, match=rf"^Invalid events: {events}$"):
         poller.modify(a, events)
-    assert poller.get_key(a) is key
+    assert poller.get_key(a) == key
     assert poller.pending_changes == 0
 
 
@@ -305,9 +305,9 @@ def test_closed_socket_is_found_by_identity(poller: Poller, pair: Pair) -> None:
     a, _ = pair()
     key = poller.register(a, R)
     a.close()
-    assert poller.get_key(a) is key
-    assert poller.get_map()[a] is key
-    assert poller.unregister(a) is key
+    assert poller.get_key(a) == key
+    assert poller.get_map()[a] == key
+    assert poller.unregister(a) == key
     assert poller.select(0) == []
     assert ctl(poller) == (1, 0, 1)
 
@@ -342,7 +342,7 @@ def test_modify_there_and_back_costs_nothing(poller: Poller, pair: Pair) -> None
     key = poller.modify(a, R)
     assert poller.select(0) == []
     assert ctl(poller) == (1, 0, 0)
-    assert poller.get_key(a) is key
+    assert poller.get_key(a) == key
 
 
 def test_modify_data_only_is_not_a_change(poller: Poller, pair: Pair) -> None:
@@ -407,6 +407,46 @@ def test_owned_read_removal_is_lazy_until_an_event(poller: Poller, pair: Pair) -
     # W dropped: never lazy (a writable socket would wake the next poll).
     assert poller.select(0) == []
     assert ctl(poller) == (1, 1, 1)
+
+
+def test_ready_gives_fd_data_mask_and_select_equal_keys(poller: Poller, pair: Pair) -> None:
+    """ready() is select() for the loop: (fd, data, mask), no SelectorKey made;
+    keys are made on demand and equal to what register returned."""
+    a, b = pair()
+    key = poller.register(a, R, "data")
+    b.send(b"x")
+    assert poller.ready(0) == [(a.fileno(), "data", R)]
+    assert poller.select(0) == [(key, R)]
+    assert poller.get_map().get(a) == key
+    assert poller.get_map().get(b) is None
+    assert poller.get_map().get(b, "none") == "none"
+    assert poller.get_key(a.fileno()).fileobj is a  # the file object, not the fd
+
+
+def test_common_state_costs_no_state_entry(poller: Poller, pair: Pair) -> None:
+    """A connection's usual state (owned, reading, kernel told) is implied by
+    its registration: the state table holds entries only for the others,
+    one dict entry less per idle connection (tests/test_memory.py)."""
+    fds = []
+    for _ in range(3):
+        a, _b = pair()
+        poller.own(a.fileno())
+        poller.register(a.fileno(), R)
+        fds.append(a.fileno())
+    poller.select(0)
+    assert poller._state == {}
+    poller.unregister(fds[0])  # lazily kept: owned, applied R, not wanted
+    poller.modify(fds[1], R | W)
+    poller.select(0)
+    assert sorted(poller._state) == sorted(fds[:2])
+    poller.register(fds[0], R)  # back to the usual state, no system call
+    poller.modify(fds[1], R)
+    poller.select(0)
+    assert poller._state == {}
+    for fd in fds:
+        poller.unregister(fd)
+        poller.release(fd)
+    assert (poller._state, poller._data) == ({}, {})
 
 
 def test_owned_write_removal_is_sent_at_the_flush(poller: Poller, pair: Pair) -> None:
@@ -701,14 +741,14 @@ def test_eperm_file_is_always_ready(epoll: Poller, pair: Pair, always_ready: Any
     epoll.register(a, R)  # not ready: would block select(None) alone
     key = epoll.register(always_ready, R)
     assert epoll.stats.always_ready_fds == 1
-    assert epoll.get_key(always_ready) is key
+    assert epoll.get_key(always_ready) == key
     assert epoll.select(None) == [(key, R)]
     assert epoll.select(30) == [(key, R)]
     assert epoll.stats.events == 2
     assert epoll.stats.poll_waits == 2
     assert ctl(epoll) == (2, 0, 0)  # the refused ADD was one syscall
 
-    assert epoll.unregister(always_ready) is key
+    assert epoll.unregister(always_ready) == key
     assert epoll.select(0) == []
     assert ctl(epoll) == (2, 0, 0)  # nothing to DEL: the kernel never held it
     assert epoll.stats.events == 2
