@@ -72,7 +72,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import _compat
-from ._config import PartialWrite, WriteMode
 
 if TYPE_CHECKING:
     from ._loop import Loop
@@ -95,6 +94,15 @@ _RAW_EXTRA: Any = _compat.TRANSPORT_EXTRA_SLOT
 # (a tuple and a str, 114 bytes).  Bounded: at the cap it starts over.
 _SERVER_SOCKNAMES: dict[Any, Any] = {}
 _SERVER_SOCKNAMES_MAX = 1024
+
+# The host strings of accepted connections' peer addresses, one str per
+# distinct host: a server behind a proxy or load balancer (or a pre-forked
+# pool behind nginx) sees every connection come from the same few hosts, and
+# each accepted address would carry its own copy of the string (58 bytes for
+# "127.0.0.1").  Peers from distinct hosts share nothing and cost one dict
+# lookup each.  Bounded like _SERVER_SOCKNAMES.
+_PEER_HOSTS: dict[Any, Any] = {}
+_PEER_HOSTS_MAX = 1024
 
 # Flow control's default marks, stock's: 64 KiB, and a quarter of it.
 _DEFAULT_HIGH_WATER = 64 * 1024
@@ -137,6 +145,22 @@ def read_buffer(size: int) -> mmap.mmap | bytearray:
     return bytearray(size)
 
 
+def _share_peer_host(addr: Any) -> Any:
+    """*addr* with its host string shared with earlier peers of that host."""
+    if type(addr) is not tuple or len(addr) < 2:
+        return addr  # a Unix socket's path, or nothing
+    host = addr[0]
+    shared = _PEER_HOSTS.get(host)
+    if shared is None:
+        if len(_PEER_HOSTS) >= _PEER_HOSTS_MAX:
+            _PEER_HOSTS.clear()
+        _PEER_HOSTS[host] = host
+        return addr
+    if shared is host:
+        return addr
+    return (shared, *addr[1:])
+
+
 def _peername(sock: socket.socket) -> Any:
     try:
         return sock.getpeername()
@@ -170,11 +194,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_buffer_size",
         "_closing",
         "_conn_lost",
-        "_deferred",
         "_empty_waiter",
         "_eof",
         "_extra_dict",
-        "_feed_policy",
         "_feeds",
         "_paused",
         "_peername",
@@ -189,7 +211,6 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_sock",
         "_sock_fd",
         "_sockname",
-        "_stats",
         "_tsock",
     )
 
@@ -234,7 +255,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             peername = _peername(sock)
             extra = None
         super().__init__(extra or _NO_EXTRA, loop)
-        self._peername = peername
+        self._peername = _share_peer_host(peername) if server is not None else peername
         try:
             sockname = sock.getsockname()
         except OSError:
@@ -261,8 +282,8 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # A list, not a deque: an empty deque costs 760 bytes per connection
         # (its first block), a list 56; chunks leave from the front only in
         # _consume, with one slice deletion per send.  Made by the first
-        # write that has to buffer (_NO_BUFFER until then): an idle
-        # connection, and one whose eager writes all go out whole, has none.
+        # write that has to buffer (_NO_BUFFER until then), dropped again
+        # when all of it went out: an idle connection has none.
         self._buffer: list[bytes | memoryview] = _NO_BUFFER
         self._buffer_size = 0
         self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
@@ -274,10 +295,6 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._sending = False  # Set while _write_now runs resume_writing() (re-entrancy guard).
         self._polling_write = False  # Set while waiting for EPOLLOUT.
         self._feeds = 0  # Short writes retried without waiting, in a row.
-        config = loop._config
-        self._stats = loop._stats
-        self._deferred = config.write is WriteMode.DEFERRED
-        self._feed_policy = config.partial_write is PartialWrite.FEED
         if server is not None:
             _compat.server_attach(server, self)
         loop._transports[self._sock_fd] = self
@@ -440,7 +457,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     def _read_ready__data_received(self) -> None:
         if self._conn_lost:
             return
-        self._stats.recv += 1
+        self._loop._stats.recv += 1
         try:
             size = self._recv_size
             if size > 0:
@@ -464,7 +481,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 else:
                     self._recv_size = -1
         except (BlockingIOError, InterruptedError):
-            self._stats.recv_eagain += 1
+            self._loop._stats.recv_eagain += 1
             return
         except (SystemExit, KeyboardInterrupt):
             raise
@@ -493,11 +510,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
             return
-        self._stats.recv += 1
+        self._loop._stats.recv += 1
         try:
             nbytes = self._sock.recv_into(buf)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
-            self._stats.recv_eagain += 1
+            self._loop._stats.recv_eagain += 1
             return
         except (SystemExit, KeyboardInterrupt):
             raise
@@ -549,10 +566,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if kind is memoryview and (data.ndim != 1 or data.format != "B"):  # type: ignore[union-attr]
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
-        stats = self._stats
+        loop = self._loop
+        stats = loop._stats
         stats.writes += 1
         if not self._buffer and (
-            not self._deferred or (len(data) > self._high_water and not self._sending)
+            not loop._deferred_writes or (len(data) > self._high_water and not self._sending)
         ):
             # Fast path, safe only when nothing is buffered (order!) and the
             # transport is neither queued nor polling, which an empty buffer
@@ -594,7 +612,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             # _queue_write(), inlined: one call less per deferred write.
             stats.writes_deferred += 1
             self._queued = True
-            self._loop._write_queue.append(self)
+            loop._write_queue.append(self)
         if self._buffer_size > self._high_water:  # else flow control has nothing to do
             self._check_high_water()
 
@@ -615,12 +633,12 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._conn_lost:
             self._drop_write_after_loss()
             return
-        self._stats.writes += 1
+        self._loop._stats.writes += 1
         for data in chunks:
             self._append(data)
         if self._queued or self._polling_write or self._sending:
             self._check_high_water()
-        elif not self._deferred:
+        elif not self._loop._deferred_writes:
             # Idle before (a buffer is only ever non-empty while queued,
             # polling or sending): one sendmsg for all of it, as stock 3.12+
             # does; unlike stock 3.12.0-3.12.8 the protocol is paused if it
@@ -633,7 +651,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
 
     def _queue_write(self) -> None:
         """Join the loop's write queue: sent after this iteration's callbacks."""
-        self._stats.writes_deferred += 1
+        self._loop._stats.writes_deferred += 1
         self._queued = True
         self._loop._write_queue.append(self)
 
@@ -687,7 +705,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         buffer = self._buffer
         if self._conn_lost or not buffer:
             return
-        stats = self._stats
+        stats = self._loop._stats
         sock = self._sock
         try:
             if len(buffer) == 1 or not _HAS_SENDMSG:
@@ -708,7 +726,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._write_failed(exc)
             return
         if n == self._buffer_size:
-            buffer.clear()  # all of it went out, the common case
+            # All of it went out, the common case.  The list goes too: an
+            # idle connection then holds no buffer (56 bytes each, measured
+            # on the idle-10000 workload in deferred mode), and the next
+            # write makes a new one for about what refilling this would cost.
+            self._buffer = buffer = _NO_BUFFER
             self._buffer_size = 0
         elif n:
             self._consume(n)
@@ -756,15 +778,16 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         """The kernel took part of the buffer: feed or poll, by policy."""
         if self._queued or self._polling_write:
             return
-        if self._feed_policy and self._feeds < self._loop._config.feed_limit:
+        loop = self._loop
+        if loop._feed_writes and self._feeds < loop._config.feed_limit:
             self._feeds += 1
-            self._stats.write_feeds += 1
+            loop._stats.write_feeds += 1
             self._queued = True
-            self._loop._feed_queue.append(self)
+            loop._feed_queue.append(self)
         else:
             self._feeds = 0
             self._polling_write = True
-            self._loop._add_writer(self._sock_fd, self._write_ready)
+            loop._add_writer(self._sock_fd, self._write_ready)
 
     def _write_done(self) -> None:
         """Everything buffered went out."""
