@@ -270,11 +270,9 @@ class _Mapping(Mapping[Any, SelectorKey]):
     def get(self, fileobj: Any, default: Any = None) -> Any:
         # Read on every add_reader/remove_reader by 3.13's loop: without
         # Mapping.get's try/except around __getitem__.
+        # An invalid file object raises ValueError, as selectors' does.
         poller = self._poller
-        try:
-            fd = poller._lookup(fileobj)
-        except (KeyError, ValueError):
-            return default
+        fd = poller._lookup(fileobj)
         data = poller._data.get(fd, _MISSING)
         if data is _MISSING:
             return default

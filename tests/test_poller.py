@@ -420,6 +420,8 @@ def test_ready_gives_fd_data_mask_and_select_equal_keys(poller: Poller, pair: Pa
     assert poller.get_map().get(a) == key
     assert poller.get_map().get(b) is None
     assert poller.get_map().get(b, "none") == "none"
+    with pytest.raises(ValueError, match="Invalid file descriptor: -1"):
+        poller.get_map().get(-1)  # as selectors' mapping (3.13's _remove_reader)
     assert poller.get_key(a.fileno()).fileobj is a  # the file object, not the fd
 
 
