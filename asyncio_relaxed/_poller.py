@@ -339,6 +339,8 @@ class Poller(selectors.BaseSelector):
         return self._map
 
     def _lookup(self, fileobj: Any) -> int:
+        if type(fileobj) is int and fileobj >= 0:
+            return fileobj  # the loop's case: _fileobj_to_fd without the call
         try:
             return _fileobj_to_fd(fileobj)
         except ValueError:
@@ -349,8 +351,10 @@ class Poller(selectors.BaseSelector):
             raise
 
     def _key(self, fd: int, data: Any) -> SelectorKey:
+        """The key of registered *fd* (a registered fd without a state is _COMMON)."""
         return _new_key(
-            SelectorKey, (self._fileobjs.get(fd, fd), fd, self._get(fd) & _WANTED, data)
+            SelectorKey,
+            (self._fileobjs.get(fd, fd), fd, self._state.get(fd, _COMMON) & _WANTED, data),
         )
 
     def get_key(self, fileobj: Any) -> SelectorKey:
@@ -427,11 +431,15 @@ class Poller(selectors.BaseSelector):
         fd = _fileobj_to_fd(fileobj)
         if fd in self._data:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
-        state = self._get(fd) | events
+        states = self._state
+        state = states.get(fd, 0) | events  # not registered: no entry means 0
         self._data[fd] = data
         if fileobj is not fd:
             self._fileobjs[fd] = fileobj
-        self._put(fd, state)
+        if state == _COMMON:  # _put, inlined (registered now)
+            states.pop(fd, None)
+        else:
+            states[fd] = state
         applied = (state & _APPLIED) >> _APPLIED_SHIFT
         if state & _OWNED and applied:
             # Removed earlier (this iteration, or lazily kept since) and the
@@ -459,23 +467,32 @@ class Poller(selectors.BaseSelector):
         datas = self._data
         if fd not in datas:
             raise KeyError(f"{fileobj!r} is not registered")
-        state = self._get(fd)
+        states = self._state
+        state = states.get(fd, _COMMON)  # registered
         if events != state & _WANTED:
             self._dirty.add(fd)
-            self._put(fd, (state & ~_WANTED) | events)
+            state = (state & ~_WANTED) | events
+            if state == _COMMON:  # _put, inlined
+                del states[fd]
+            else:
+                states[fd] = state
         datas[fd] = data
         return self._key(fd, data)
 
     def unregister(self, fileobj: Any) -> SelectorKey:
         fd = self._lookup(fileobj)
-        state = self._get(fd)
         try:
             data = self._data.pop(fd)
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
+        states = self._state
+        state = states.get(fd, _COMMON)  # it was registered
         key = _new_key(SelectorKey, (self._fileobjs.pop(fd, fd), fd, state & _WANTED, data))
         state &= ~_WANTED
-        self._put(fd, state)
+        if state:  # _put, inlined (not registered now)
+            states[fd] = state
+        else:
+            states.pop(fd, None)
         self._exclusive.discard(fd)
         if fd in self._always_ready:
             self._always_ready.discard(fd)
