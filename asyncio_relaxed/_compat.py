@@ -35,6 +35,7 @@ __all__ = [
     "PY314",
     "SENDFILE_TRY_NATIVE",
     "STOCK_HANDLE_RUN",
+    "STOCK_PROCESS_EVENTS",
     "TRANSPORT_EXTRA_SLOT",
     "FlowControlMixin",
     "Handle",
@@ -100,6 +101,9 @@ set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 # (aiodebug's slow-callback logging) and must keep seeing I/O callbacks.
 Handle: Any = events.Handle
 STOCK_HANDLE_RUN: Any = events.Handle._run
+# The selector loop's _process_events: a subclass or a patch that replaces it
+# gets stock's (key, mask) pairs, not the poller's (fd, data, mask).
+STOCK_PROCESS_EVENTS: Any = selector_events.BaseSelectorEventLoop._process_events  # type: ignore[attr-defined]
 
 # BaseTransport's storage slot for _extra, under the transport's property.
 TRANSPORT_EXTRA_SLOT: Any = transports.BaseTransport.__dict__["_extra"]

@@ -544,8 +544,21 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if transport._queued:
                 transport._write_now()
 
-    def _process_events(self, event_list: list[tuple[int, Any, int]]) -> None:
-        """Stock's, for the poller's (fd, data, mask) triples (Poller.ready)."""
+    def _poll_wrapped(self, timeout: float | None) -> list[tuple[int, Any, int]]:
+        """The poll through a select() someone wrapped or overrode (time
+        freezers in tests, I/O-time meters): called as stock calls it."""
+        return [(key.fd, key.data, mask) for key, mask in self._selector.select(timeout)]
+
+    def _queue_events(self, event_list: list[tuple[int, Any, int]]) -> None:
+        """Stock's _process_events, for (fd, data, mask) triples; a
+        _process_events replaced by a subclass or a patch gets what stock
+        passes it, (key, mask) pairs."""
+        if (
+            type(self)._process_events is not _compat.STOCK_PROCESS_EVENTS
+            or "_process_events" in self.__dict__
+        ):
+            self._process_events(self._as_keys(event_list))
+            return
         for fd, (reader, writer), mask in event_list:
             if mask & selectors.EVENT_READ and reader is not None:
                 if reader._cancelled:
@@ -624,12 +637,27 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             context["source_traceback"] = handle._source_traceback
         self.call_exception_handler(context)
 
+    def _as_keys(
+        self, event_list: list[tuple[int, Any, int]]
+    ) -> list[tuple[selectors.SelectorKey, int]]:
+        """(key, mask) pairs for the poll's triples (the key as registered)."""
+        pairs = []
+        for fd, data, mask in event_list:
+            try:
+                key = self._selector.get_key(fd)
+            except (KeyError, ValueError):
+                key = selectors.SelectorKey(fd, fd, mask, data)
+            if key.data is not data:
+                key = key._replace(data=data)
+            pairs.append((key, mask))
+        return pairs
+
     def _requeue(self, event_list: list[tuple[int, Any, int]], index: int, writer: Any) -> None:
         """SystemExit or KeyboardInterrupt left a batch half run (Handle._run
         reports everything else): queue what stock would have queued."""
         if writer is not None and not writer._cancelled:
             self._ready.append(writer)
-        self._process_events(event_list[index + 1:])
+        self._queue_events(event_list[index + 1:])
 
     def _remove_cancelled(self, fd: int, handle: Any, which: int) -> None:
         """Stock drops a cancelled reader/writer that the poll reported."""
@@ -689,7 +717,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 timeout = 0
 
         # Phase: apply interest changes, then poll (both inside select()).
-        event_list = self._selector.ready(timeout)
+        # Poller.ready(): select() without a SelectorKey per event, unless
+        # select() was wrapped or overridden (then that is called).
+        selector = self._selector
+        if type(selector) is Poller and "select" not in selector.__dict__:
+            event_list = selector.ready(timeout)
+        else:
+            event_list = self._poll_wrapped(timeout)
         ready = self._ready
         # Fast path, safe only when nothing was ready before the poll (and
         # not in debug mode, which times each callback): stock would queue
@@ -701,7 +735,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # what the callbacks scheduled waits for the next iteration.
         direct = not ready and not self._debug
         if not direct:
-            self._process_events(event_list)
+            self._queue_events(event_list)
 
         # Handle 'later' callbacks that are ready.
         end_time = self.time() + self._clock_resolution
@@ -725,7 +759,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 added = len(ready)
                 ready.extendleft(reversed(due))
         # Needed to break cycles when an exception occurs.
-        event_list = None
+        event_list = None  # type: ignore[assignment]
 
         # Phase: run the callbacks that are ready now, not those they add:
         # those run next time, after another poll.  The popleft idiom is

@@ -428,7 +428,7 @@ class Poller(selectors.BaseSelector):
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         if not events or events & ~_BOTH:
             raise ValueError(f"Invalid events: {events!r}")
-        fd = _fileobj_to_fd(fileobj)
+        fd = self._lookup(fileobj)  # a closed file object registered: KeyError below
         if fd in self._data:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         states = self._state

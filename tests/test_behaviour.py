@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import asyncio_relaxed
 from conftest import Echo, run, stalled_pair
 
 
@@ -536,3 +537,65 @@ def test_a_replaced_handle_run_sees_io_callbacks(
         a.close()
         b.close()
     assert on_read in seen
+
+
+LOOP_CLASSES = {"asyncio": asyncio.SelectorEventLoop, "relaxed": asyncio_relaxed.Loop}
+
+
+@pytest.mark.parametrize("kind", list(LOOP_CLASSES))
+def test_wrapped_selector_select_sees_every_poll(kind: str) -> None:
+    """Code in the wild wraps loop._selector.select (time freezers in tests,
+    I/O-time meters): the loop must poll through the wrapper, as stock does
+    (found in review: the poller's ready() bypassed it)."""
+    loop = LOOP_CLASSES[kind]()
+    try:
+        real = loop._selector.select  # type: ignore[attr-defined]
+        timeouts: list[Any] = []
+
+        def spy(timeout: Any = None) -> Any:
+            timeouts.append(timeout)
+            return real(timeout)
+
+        loop._selector.select = spy  # type: ignore[attr-defined]
+        a, b = socket.socketpair()
+        got: list[bytes] = []
+        loop.add_reader(a.fileno(), lambda: got.append(a.recv(10)))
+        b.send(b"x")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.remove_reader(a.fileno())
+        a.close()
+        b.close()
+        assert timeouts
+        assert got == [b"x"]
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("kind", list(LOOP_CLASSES))
+def test_subclass_process_events_gets_key_mask_pairs(kind: str) -> None:
+    """A subclass overriding _process_events gets stock's (key, mask) pairs
+    and can hand them on to super() (found in review)."""
+    seen: list[tuple[int, int]] = []
+
+    class Counting(LOOP_CLASSES[kind]):  # type: ignore[misc, valid-type]
+        def _process_events(self, event_list: Any) -> None:
+            for key, mask in event_list:
+                seen.append((key.fd, mask))
+                assert key.fileobj is a
+            super()._process_events(event_list)
+
+    loop = Counting()
+    a, b = socket.socketpair()
+    try:
+        got: list[bytes] = []
+        loop.add_reader(a, lambda: got.append(a.recv(10)))
+        loop.call_soon(lambda: None)  # the ready queue is not empty: queued dispatch
+        b.send(b"x")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.remove_reader(a)
+        assert got == [b"x"]
+        assert (a.fileno(), 1) in seen
+    finally:
+        a.close()
+        b.close()
+        loop.close()
