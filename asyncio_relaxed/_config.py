@@ -71,12 +71,12 @@ class AcceptStrategy(str, enum.Enum):
     #: One accept, then give up the CPU (nanosleep 1 ns, libuv 2012's relaxed
     #: accept) so a sibling process sharing the socket takes the next one.
     RELAXED = "relaxed"
-    #: One accept per event, then the worker rests: the listener leaves its
-    #: poller for a while that grows with the connections it holds, so a
-    #: sibling process sharing the socket takes the next ones; the rest
-    #: adapts to whether connections had to wait for it.  No shared memory
-    #: (nginx's accept_disabled is the precedent; the theory of operation is
-    #: in _loop.py, above BalancedGate).
+    #: For pre-forked workers sharing a socket: accept what is queued (on
+    #: Linux, as many as the accept queue holds, so no accept finds it
+    #: empty), then register the listener with the poller anew, which moves
+    #: this worker in the order the next connection wakes them, so the
+    #: winner rotates.  No shared memory; the theory of operation is in
+    #: _loop.py, above accept_queue_length.
     BALANCED = "balanced"
 
     def __str__(self) -> str:

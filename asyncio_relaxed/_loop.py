@@ -54,114 +54,151 @@ _ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 # picks the same workers, so under light load one worker can starve
 # (benchmarks/fairness.py, 4 workers on one CPU, one keep-alive client: one
 # worker got 0-2 % of the connections under every loop, stock asyncio and
-# uvloop included).  nginx's answer is accept_disabled = connections/8 -
-# free_connections: a worker past 7/8 of its capacity skips accepting, so its
-# siblings, woken by the same event, win.
+# uvloop included).
 #
 # accept=balanced needs no shared memory: the loop is made after fork() by
 # code that did not make the listener, so there is no place for a shared
 # counter (an mmap would need the cooperation of whoever forks), and a worker
-# cannot see the connections its siblings win.  What it can do is step aside.
-# After each accept the worker *rests*: it takes the listener out of its
-# poller (EPOLL_CTL_DEL: the listener is not an owned fd, so the removal is
-# not lazy) for
+# cannot see the connections its siblings win.  It changes the race instead.
+# After every readiness event in which it accepted, the worker registers the
+# listener with its epoll set anew (Poller.requeue: EPOLL_CTL_DEL, then
+# EPOLL_CTL_ADD; a MOD would not do, it leaves the registration where it is).
+# epoll puts a new registration at the head of the file's wait queue
+# (add_wait_queue), so the worker that accepted last changes its place in the
+# order in which the next connection wakes the sleeping workers, and the
+# winner rotates instead of being the same worker every time.  Why the
+# rotation comes out even is not proven (the scheduler decides which of the
+# woken runs first); what the design rests on is measured:
 #
-#     rest = cooldown * open connections of the listener's server
+# * Fairness comes from the re-registration, not from staying out of the
+#   poller.  Until 2026-11-30 the worker rested after each accept (the
+#   listener out of its poller for 0.1 ms per open connection), then tried
+#   one accept and registered the listener again; fixed rests from 1 us to
+#   0.3 ms per connection all gave Jain 0.999-1.000.  Re-registering at once,
+#   no rest, gives the same: 4 workers, one keep-alive client, Jain 1.000
+#   (batch 0.753), one close-per-request client 1.000 (batch 0.964), and
+#   with the burst below >= 0.99 at all 12 points of the fairness benchmark
+#   (results/20261130T053000Z-balanced-variants.txt).
+# * The rest cost throughput: a timer per accept, and an accept at the end
+#   of each rest that usually found the queue empty.  An accept that finds
+#   nothing is the dearest system call here (Linux allocates the new socket
+#   and its file before it looks at the queue, net/socket.c do_accept, and
+#   frees them again).
+#   Measured in one process on the benchmark's machine: accept() -> EAGAIN
+#   6-8 us, EPOLL_CTL_DEL + ADD of a listener 2.7-2.8 us, getsockopt
+#   TCP_INFO 1.5-1.8 us, call_later + cancel 3.4-5.2 us.
+# * One accept per event is not enough without the rest: under 100
+#   close-per-request clients, one accept and a requeue per event ran at
+#   0.64-0.66x batch's connections/s.  So after the first accept the worker
+#   takes what is queued, as batch does, but without batch's accept into an
+#   empty queue: on Linux it reads the queue's length (a TCP listener's
+#   tcp_info.tcpi_unacked is its accept queue, what ss shows as Recv-Q) and
+#   accepts that many more, at most what batch would take per event.  A
+#   connection counted there that a sibling takes first ends the burst with
+#   an EAGAIN.  Where the length is unknown (not Linux, not TCP) the burst
+#   runs until EAGAIN, as batch's does.  Taking a burst does not undo the
+#   rotation: connections queue only while no worker has got to them yet,
+#   and the listener is re-registered once per event whatever the burst
+#   (Jain >= 0.99 under 10 and 100 clients in the same runs).
 #
-# (capped at BALANCED_MAX_REST), so a sibling that is not resting takes the
-# next connection; the more connections a worker holds, the longer it stays
-# out (load-aware, like accept_disabled).  When the rest is over, the worker
-# tries one accept and puts the listener back (EPOLL_CTL_ADD):
+# Per event, balanced costs batch's accepts, without batch's last (EAGAIN),
+# plus a getsockopt and a DEL + ADD.  Counted per connection over the 12
+# points of the fairness benchmark (loop.statistics(), same file): accepts
+# that found nothing 0.00-0.07 (batch: 0.07-1.05), 0.06-1.0 more DEL + ADD
+# pairs than batch, no timers.  Connections/s against batch, paired runs of
+# `python3 -m benchmarks.fairness --loops relaxed-batch,relaxed-balanced
+# --workers 2,4 --concurrency 1,10,100 --mode close,keepalive --duration 3
+# --repeat 5`: 0.948-1.07x on a quiet machine
+# (results/20261130T061241Z-fairness-paired.txt; the low one at 4 workers,
+# 100 keep-alive clients), 0.92-1.14x in a run that shared the CPUs with
+# other work (results/20261130T060316Z-fairness-paired.txt; the low one at
+# 2 workers, 100 close-per-request clients); those two points rerun with 9
+# repeats: 1.01x and 1.01x (results/20261130T062100Z-fairness-recheck-*).
+# With the rest it was 0.93-1.08x (results/20261130T032900Z-...).  Jain
+# >= 0.996 at every point of both runs.
 #
-# * EAGAIN: no connection was waiting, so its rest kept nobody waiting;
-#   cooldown grows by BALANCED_GROW, up to BALANCED_MAX_COOLDOWN.
-# * a connection: it waited for this worker, so every worker was resting
-#   (or there is no sibling); the worker serves it, takes what else is
-#   queued (up to BALANCED_BURST, as accept=batch would: everyone is busy,
-#   so nobody is starved by it), and cooldown shrinks by BALANCED_SHRINK,
-#   down to BALANCED_MIN_COOLDOWN.
+# Load: a worker that holds more connections should win fewer of the next
+# ones (nginx's accept_disabled; the issue's "stops accepting while it holds
+# more than its share").  Without shared memory a worker cannot know its
+# share, so it steps aside in proportion to what it holds: when, after an
+# event's accepts, it holds more than one open connection, the listener
+# leaves its poller (EPOLL_CTL_DEL) for a *rest* of cooldown x open
+# connections (BalancedGate), and the re-registration (EPOLL_CTL_ADD) comes
+# when the rest ends; a worker holding less is back sooner and wins more.
+# At the end of a rest the queue's length tells whether connections waited
+# for it (where it is unknown, one accept does): then they are taken (a
+# burst, as above) and cooldown halves, else it grows back towards its cap
+# (0.1 ms per connection).  A worker holding one connection or none (light
+# load) re-registers at once: no timer.  The first implementation rested
+# after every accept and ended each rest with an accept that usually found
+# nothing; that cost 0.93-0.94x batch at three close-per-request points.
+# A rest never outlives its listener: Server.close() cancels the timer
+# (_stop_serving), and the end of the rest checks the socket.
 #
-# What makes light load fair is the rest and the re-registration, not the
-# rest's length.  Measured (benchmarks.fairness.run_once, 4 workers, one
-# keep-alive client, 3 s, medians of 2 interleaved repeats, cooldown held
-# fixed): 1 us, 20 us, 0.1 ms and 0.3 ms of rest per connection all gave Jain
-# 0.999-1.000, where batch gave 0.75 and single 0.77 (one worker never won);
-# with one close-per-request client, 1.000 against 0.93 (batch) and 0.96
-# (single).  A rest that short is over long before the next keep-alive
-# connection comes (every 5 ms), so what changes the race is believed to be
-# the worker's DEL + ADD:
-# a new registration goes to the head of the listener's wait queue
-# (add_wait_queue), which changes the order in which the next connection
-# wakes the sleeping workers.  That is not proven; the measurements are what
-# the design rests on.
-#
-# A long rest is what hurts.  Until 2026-11-30 cooldown grew without a cap
-# below BALANCED_MAX_REST, aiming at 1 waited-for rest in 15; at light
-# keep-alive load that is a rest of about (K-1) connection intervals, where
-# fairness hangs on every worker resting equally long, and the worker whose
-# rest found a connection waiting halved its cooldown and kept winning: traced
-# at 4 workers, one keep-alive client, one worker sat at 3 ms (16 waited-for
-# rests) and three at the 50 ms cap, Jain 0.77 (0.94 in the results of
-# 20261130T010819Z).  BALANCED_MAX_COOLDOWN keeps the rest short: every
-# worker's cooldown sits at the cap unless connections wait for its rests
-# (saturation), and from any history it is back at the cap after at most
-# ln(MAX/MIN)/ln(GROW) = 48 idle rests, so the workers' cooldowns converge
-# instead of drifting apart.  Under saturation every rest finds connections
-# waiting, cooldown falls to the floor and each rest ends in a burst; a lone
-# process sees the same.  The listener is polled, when it is polled, with
-# one accept per event (the fast path is accept=single's, plus a timer per
-# accept).
-#
-# A rest never outlives its listener: Server.close()
-# cancels the timer (_stop_serving), and the retry checks the socket; EMFILE
-# during a retry hands over to _accept_starved's back-off.
+# A lost race (the first accept finds nothing: a sibling took it) changes
+# nothing, no requeue; EMFILE hands over to _accept_starved's back-off.
+# On backends other than epoll the requeue is a no-op: balanced is then
+# batch (without its wasted accept where the queue's length is known).
+
+#: Linux exposes a TCP listener's accept-queue length in struct tcp_info
+#: (tcpi_unacked, bytes 24-27 in host order, after eight one-byte fields and
+#: four 32-bit ones; stable since Linux 2.6, read by ss for Recv-Q).
+_ACCEPT_QUEUE_INFO = sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO")
+_TCPI_UNACKED_END = 28
+
 
 #: Bounds of cooldown, seconds of rest per open connection; cooldown starts
 #: at the cap.  The cap: 0.1 ms, where 4 workers under one keep-alive or one
 #: close-per-request client were as fair as with any shorter or longer fixed
-#: cooldown up to 0.3 ms (Jain 0.999-1.000, above), and below the gap between
-#: a close-per-request client's connections (about 0.35 ms), so one client
-#: rarely waits for two resting workers (a fixed 1 ms cost 2 workers under
-#: one such client 43 % of their connections/s against batch).  The floor
-#: keeps the rest short under saturation (a timer per burst).
+#: cooldown up to 0.3 ms (Jain 0.999-1.000), and below the gap between a
+#: close-per-request client's connections (about 0.35 ms).  The floor keeps
+#: the rest short under saturation.
 BALANCED_MIN_COOLDOWN = 10e-6
 BALANCED_MAX_COOLDOWN = 0.1e-3
-#: Longest rest, seconds, whatever the open connections: bounds how long a
-#: connection can wait for a resting lone worker.
+#: Longest rest, seconds, whatever the open connections.
 BALANCED_MAX_REST = 0.05
 #: Factors on cooldown after a rest that kept nobody waiting (GROW) and after
-#: one that did (SHRINK): a connection that waited halves the rest at once
-#: (saturation is reached fast), the way back to the cap takes 48 idle rests.
+#: one that did (SHRINK): from any history, back at the cap after at most
+#: ln(MAX/MIN)/ln(GROW) = 48 idle rests, so workers' cooldowns converge.
 BALANCED_GROW = 1.05
 BALANCED_SHRINK = 0.5
-#: Most accepts at the end of a rest that found connections waiting: with 16,
-#: 4 workers under 100 close-per-request clients took 2,587 connections/s vs
-#: 2,122 for accept=batch (1,929 for accept=single) in the same run.
-BALANCED_BURST = 16
 
 
 class BalancedGate:
-    """The per-loop state of accept=balanced (see the theory of operation)."""
+    """The per-loop state of accept=balanced's rest (see above)."""
 
     __slots__ = ("cooldown", "rests_idle", "rests_waited")
 
     def __init__(self) -> None:
         self.cooldown = BALANCED_MAX_COOLDOWN  # seconds of rest per open connection
         self.rests_idle = 0  # rests that kept nobody waiting (for tests, debugging)
-        self.rests_waited = 0  # rests that ended with a connection waiting
+        self.rests_waited = 0  # rests that ended with connections waiting
 
     def rest(self, open_connections: int) -> float:
-        """Seconds to stay out of the poller after an accept."""
-        return min(self.cooldown * max(open_connections, 1), BALANCED_MAX_REST)
+        """Seconds to stay out of the poller, holding *open_connections*."""
+        return min(self.cooldown * open_connections, BALANCED_MAX_REST)
 
     def rested(self, waited: bool) -> None:
-        """A rest ended; a connection *waited* for it, or none did."""
+        """A rest ended; connections *waited* for it, or none did."""
         if waited:
             self.rests_waited += 1
             self.cooldown = max(self.cooldown * BALANCED_SHRINK, BALANCED_MIN_COOLDOWN)
         else:
             self.rests_idle += 1
             self.cooldown = min(self.cooldown * BALANCED_GROW, BALANCED_MAX_COOLDOWN)
+
+
+def accept_queue_length(sock: socket.socket) -> int | None:
+    """Connections waiting in *sock*'s accept queue, or None where unknown."""
+    if not _ACCEPT_QUEUE_INFO or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED_END)
+    except OSError:
+        return None
+    if len(info) < _TCPI_UNACKED_END:
+        return None
+    return int.from_bytes(info[_TCPI_UNACKED_END - 4:_TCPI_UNACKED_END], sys.byteorder)
 
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
@@ -309,8 +346,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         batch: up to accept_batch (default: the backlog) accepts, the last one
         usually a wasted EAGAIN (stock, bpo-27906).  single and relaxed: one;
         the poller reports the listener again while more are queued.
-        balanced: one, then the listener rests out of the poller (see
-        BalancedGate).
+        balanced: one, then what is queued, then the listener is registered
+        anew (see the theory of operation above accept_queue_length).
         """
         if not timeouts:
             timeouts = _compat.DEFAULT_SSL_TIMEOUTS
@@ -319,8 +356,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if strategy is AcceptStrategy.BATCH:
             budget = config.accept_batch or backlog
         elif strategy is AcceptStrategy.BALANCED:
-            if self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
-                self._accept_rest(protocol_factory, sock, sslcontext, server, backlog, timeouts)
+            self._accept_balanced(protocol_factory, sock, sslcontext, server, backlog, timeouts)
             return
         else:
             budget = 1
@@ -384,7 +420,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             )
         return True
 
-    def _accept_rest(
+    def _accept_balanced(
         self,
         protocol_factory: Any,
         sock: socket.socket,
@@ -393,17 +429,49 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         backlog: int,
         timeouts: tuple[Any, ...],
     ) -> None:
-        """accept=balanced after an accept: out of the poller for a rest."""
-        # The server's count of its open transports (attached in the
-        # transport's __init__, detached at connection_lost): exact, where
-        # len(self._transports) keeps closed transports until collected.
-        active = _compat.server_active_count(server) if server is not None else 1
+        """accept=balanced, one readiness event: accept, take what is
+        queued, and register the listener anew so the race rotates: at once,
+        or after a rest when this worker holds more than one connection."""
+        if not self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
+            return  # a sibling won the race, or EMFILE: _accept_starved's now
+        budget = (self._config.accept_batch or backlog) - 1
+        if self._accept_burst(protocol_factory, sock, sslcontext, server, backlog, timeouts,
+                              budget, accept_queue_length(sock)) is None:
+            return  # EMFILE and friends: _accept_starved owns the listener now
         fd = sock.fileno()
+        if fd < 0:
+            return
+        active = _compat.server_active_count(server) if server is not None else 1
+        if active <= 1:
+            # False (nothing sent) when a protocol closed the server meanwhile.
+            self._selector.requeue(fd)
+            return
         self._remove_reader(fd)
         self._accept_delayed[fd] = self.call_later(
             self._balanced.rest(active), self._accept_rested,
             protocol_factory, sock, sslcontext, server, backlog, timeouts,
         )
+
+    def _accept_burst(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+        budget: int,
+        queued: int | None,
+    ) -> bool | None:
+        """Up to *budget* accepts, no more than *queued* where known (so none
+        finds the queue empty); as _accept_one, None after a resource error."""
+        if queued is not None:
+            budget = min(budget, queued)
+        for _ in range(budget):
+            got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts)
+            if not got:
+                return got
+        return True
 
     def _accept_rested(
         self,
@@ -414,35 +482,36 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         backlog: int,
         timeouts: tuple[Any, ...],
     ) -> None:
-        """accept=balanced: the rest is over; accept one, poll the listener again.
-
-        Server.close() cancels this timer (_stop_serving); the checks below
-        cover a listener closed some other way: nothing touches a closed fd.
-        """
+        """accept=balanced: the rest is over; take what waited for it, poll
+        the listener again (the ADD that re-registers it)."""
         fd = sock.fileno()
         self._accept_delayed.pop(fd, None)
         if fd < 0 or (server is not None and not server.is_serving()):
             return
-        got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts)
+        budget = self._config.accept_batch or backlog
+        queued = accept_queue_length(sock)
+        if queued is None:  # unknown here: one accept tells
+            got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog,
+                                   timeouts)
+            if got:
+                got = self._accept_burst(protocol_factory, sock, sslcontext, server, backlog,
+                                         timeouts, budget - 1, None)
+                waited = True
+            else:
+                waited = False
+        else:
+            waited = queued > 0
+            got = waited and self._accept_burst(protocol_factory, sock, sslcontext, server,
+                                                backlog, timeouts, budget, queued)
         if got is None:
-            return  # EMFILE and friends: _accept_starved owns the retry now
-        self._balanced.rested(got)
-        if got:
-            # Connections waited for this rest: every sibling is resting or
-            # busy, so take what is queued, up to a burst, as batch would.
-            for _ in range(BALANCED_BURST - 1):
-                got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog,
-                                       timeouts)
-                if got is None:
-                    return
-                if not got:
-                    break
+            return  # EMFILE and friends: _accept_starved owns the listener now
+        self._balanced.rested(waited)
         if sock.fileno() >= 0:
             self._add_reader(fd, self._accept_connection, protocol_factory, sock,
                              sslcontext, server, backlog, *timeouts)
 
     def _stop_serving(self, sock: socket.socket) -> None:
-        # A delayed accept=balanced retry must not outlive its listener.
+        # A balanced rest's timer must not outlive its listener.
         handle = self._accept_delayed.pop(sock.fileno(), None)
         if handle is not None:
             handle.cancel()

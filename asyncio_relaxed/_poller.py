@@ -423,6 +423,28 @@ class Poller(selectors.BaseSelector):
         if isinstance(self._backend, EpollBackend) and hasattr(select, "EPOLLEXCLUSIVE"):
             self._exclusive.add(fd)
 
+    def requeue(self, fd: int) -> bool:
+        """Register *fd* with the kernel anew: EPOLL_CTL_DEL, then EPOLL_CTL_ADD.
+
+        What is polled stays the same; what changes is this epoll set's place
+        among the waiters of the file: epoll adds a new registration at the
+        head of the file's wait queue (add_wait_queue), so the order in which
+        the file's next event wakes the epoll sets that watch it changes.
+        For a listener shared by processes (accept=balanced in the loop).
+        A level-triggered fd that is still ready is reported again by the
+        next poll, as before.  Returns False, and sends nothing, unless the
+        kernel holds exactly what is wanted for *fd* (a change pending, an
+        fd epoll refused, or a backend other than epoll).
+        """
+        if fd not in self._data or self._epoll is None or fd in self._dirty:
+            return False
+        state = self._state.get(fd, _COMMON)  # registered
+        if (state & _APPLIED) >> _APPLIED_SHIFT != state & _WANTED:
+            return False
+        self._remove_now(fd)
+        self._flush_one(fd)  # the ADD; errors as for any deferred change
+        return True
+
     # -- changes --------------------------------------------------------
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -271,15 +272,72 @@ def test_pending_connect_leaves_the_loop_blocking() -> None:
 # -- accept=balanced ----------------------------------------------------------------
 
 
+def accepts(loop: asyncio_relaxed.Loop, before: Any) -> tuple[int, int]:
+    delta = loop.statistics() - before
+    return delta.accept, delta.accept_eagain
+
+
+def ctl(loop: asyncio_relaxed.Loop, before: Any) -> tuple[int, int, int]:
+    """(ADD, MOD, DEL) sent to the kernel since *before*."""
+    delta = loop.statistics() - before
+    return delta.epoll_ctl_add, delta.epoll_ctl_mod, delta.epoll_ctl_del
+
+
+def listening(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> bool:
+    try:
+        loop._selector.get_key(server.sockets[0].fileno())
+    except KeyError:
+        return False
+    return True
+
+
+#: The real one, for settle(): some tests replace _loop's.
+_queue_length = _loop.accept_queue_length
+
+
+def settle(listener: Any, n: int) -> None:
+    """Wait until the kernel has *n* connections in *listener*'s accept queue
+    (a listening socket, or a Server's): a completed connect() returns
+    before the server side has queued the connection.  Where the length
+    cannot be read, trust the connect."""
+    if not isinstance(listener, socket.socket):
+        listener = listener.sockets[0]._sock
+    for _ in range(1000):
+        queued = _queue_length(listener)
+        if queued is None or queued == n:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"the accept queue never held {n}")
+
+
+@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+def test_accept_queue_length_counts_waiting_connections(clients: list[socket.socket]) -> None:
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(10)
+        assert _loop.accept_queue_length(listener) == 0
+        for _ in range(3):
+            clients.append(socket.create_connection(listener.getsockname()))
+        settle(listener, 3)
+        assert _loop.accept_queue_length(listener) == 3
+        listener.accept()[0].close()
+        assert _loop.accept_queue_length(listener) == 2
+    finally:
+        listener.close()
+    a, b = socket.socketpair()
+    with a, b:
+        assert _loop.accept_queue_length(a) is None  # not TCP: unknown
+
+
 def test_balanced_gate_without_sockets() -> None:
     """The rest grows with open connections and is capped; cooldown starts at
-    its cap, halves when a connection waited for a rest, grows back when none
+    its cap, halves when connections waited for a rest, grows back when none
     did, and stays within its bounds."""
     gate = _loop.BalancedGate()
     cap = _loop.BALANCED_MAX_COOLDOWN
     assert gate.cooldown == cap
-    assert gate.rest(0) == gate.rest(1) == cap
-    assert gate.rest(4) == 4 * cap
+    assert gate.rest(2) == 2 * cap
     assert gate.rest(10**6) == _loop.BALANCED_MAX_REST
     gate.rested(waited=False)
     assert gate.cooldown == cap  # idle rests never take it past the cap
@@ -303,7 +361,6 @@ def test_balanced_gates_converge_after_48_idle_rests() -> None:
     for _ in range(100):
         at_floor.rested(waited=True)
     halved.rested(waited=True)
-    assert at_floor.cooldown == _loop.BALANCED_MIN_COOLDOWN
     for _ in range(47):
         for gate in (at_floor, halved, fresh):
             gate.rested(waited=False)
@@ -311,6 +368,181 @@ def test_balanced_gates_converge_after_48_idle_rests() -> None:
     for gate in (at_floor, halved, fresh):
         gate.rested(waited=False)
     assert at_floor.cooldown == halved.cooldown == fresh.cooldown == _loop.BALANCED_MAX_COOLDOWN
+
+
+def rest_left(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> float | None:
+    """Seconds until the listener's rest ends, None when it is not resting."""
+    handle = loop._accept_delayed.get(server.sockets[0].fileno())
+    return None if handle is None else handle.when() - loop.time()
+
+
+def end_rest(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
+    """End the listener's rest now: its timer's callback, run once."""
+    handle = loop._accept_delayed[server.sockets[0].fileno()]
+    callback, args = handle._callback, handle._args
+    handle.cancel()
+    callback(*args)
+
+
+@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+def test_balanced_takes_what_is_queued_then_rests_by_its_load(
+    clients: list[socket.socket],
+) -> None:
+    """One event: the accept, then as many as the queue holds (no EAGAIN);
+    holding 3 connections, the worker rests 3 x 0.1 ms out of the poller
+    (DEL now, ADD when the rest ends, which finds nothing waiting)."""
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    try:
+        server = start(loop)
+        connect(server, clients, 3)
+        settle(server, 3)
+        before = loop.statistics()
+        iterate(loop, 1)
+        assert accepts(loop, before) == (3, 0)
+        # The listener's DEL (the accepted sockets register for reading in
+        # the next iteration, from the transports' call_soon).
+        assert ctl(loop, before) == (0, 0, 1)
+        assert not listening(loop, server)
+        left = rest_left(loop, server)
+        assert left is not None and 0 < left <= 3 * _loop.BALANCED_MAX_COOLDOWN
+        before = loop.statistics()
+        end_rest(loop, server)
+        assert listening(loop, server)
+        assert accepts(loop, before) == (0, 0)  # the queue's length said none
+        assert ctl(loop, before)[0] >= 1  # the listener's ADD
+        assert (loop._balanced.rests_idle, loop._balanced.rests_waited) == (1, 0)
+        stop(loop, server)
+    finally:
+        loop.close()
+
+
+def test_balanced_stop_serving_cancels_the_rest(clients: list[socket.socket]) -> None:
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    try:
+        server = start(loop)
+        connect(server, clients, 2)
+        settle(server, 2)
+        for _ in range(3):
+            iterate(loop, 1)
+            if rest_left(loop, server) is not None:
+                break
+        assert rest_left(loop, server) is not None
+        handle = loop._accept_delayed[server.sockets[0].fileno()]
+        stop(loop, server)
+        assert handle.cancelled() and not loop._accept_delayed
+    finally:
+        loop.close()
+
+
+def test_balanced_light_load_one_accept_and_one_requeue_per_connection(
+    clients: list[socket.socket],
+) -> None:
+    """A worker holding one connection or none re-registers the listener at
+    once (DEL + ADD), without a rest or a timer."""
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    try:
+        server = start(loop)
+        for _ in range(3):
+            connect(server, clients, 1)
+            settle(server, 1)
+            before = loop.statistics()
+            iterate(loop, 1)
+            expected_eagain = 0 if _loop._ACCEPT_QUEUE_INFO else 1  # batch's EAGAIN otherwise
+            assert accepts(loop, before) == (1, expected_eagain)
+            # The listener's DEL + ADD; the accepted socket's own ADD comes
+            # one iteration later.
+            assert ctl(loop, before) == (1, 0, 1)
+            assert listening(loop, server) and rest_left(loop, server) is None
+            clients.pop().close()  # the connection ends before the next comes
+            for _ in range(100):
+                if server._active_count == 0:  # type: ignore[attr-defined]
+                    break
+                iterate(loop, 1)
+                time.sleep(0.001)
+        assert loop._balanced.rests_idle + loop._balanced.rests_waited == 0
+        stop(loop, server)
+    finally:
+        loop.close()
+
+
+@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+def test_balanced_burst_is_capped_by_accept_batch(clients: list[socket.socket]) -> None:
+    """The burst of an event, and the one at the end of a rest that found
+    connections waiting (which halves cooldown), take at most accept_batch."""
+    loop = asyncio_relaxed.new_event_loop(accept="balanced", accept_batch=2)
+    try:
+        server = start(loop)
+        connect(server, clients, 5)
+        settle(server, 5)
+        before = loop.statistics()
+        iterate(loop, 1)
+        assert accepts(loop, before) == (2, 0)
+        assert not listening(loop, server)  # holding 2: a rest
+        end_rest(loop, server)
+        assert accepts(loop, before) == (4, 0)  # 3 waited, 2 taken
+        assert (loop._balanced.rests_idle, loop._balanced.rests_waited) == (0, 1)
+        assert loop._balanced.cooldown == _loop.BALANCED_MAX_COOLDOWN * _loop.BALANCED_SHRINK
+        assert listening(loop, server)
+        iterate(loop, 1)
+        assert accepts(loop, before) == (5, 0)
+        stop(loop, server)
+    finally:
+        loop.close()
+
+
+def test_balanced_burst_ends_at_eagain_when_a_sibling_took_the_counted(
+    clients: list[socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue's length is read before the burst; connections a sibling
+    takes meanwhile end it with one EAGAIN.  Also what happens where the
+    length is unknown: the burst runs until EAGAIN, as batch's does."""
+    monkeypatch.setattr(_loop, "accept_queue_length", lambda sock: 5)
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    try:
+        server = start(loop)
+        connect(server, clients, 2)
+        settle(server, 2)
+        before = loop.statistics()
+        iterate(loop, 1)
+        assert accepts(loop, before) == (3, 1)
+        assert ctl(loop, before) == (0, 0, 1)  # holding 2: out for a rest
+        assert rest_left(loop, server) is not None
+        stop(loop, server)
+    finally:
+        loop.close()
+
+
+class EmptyListener:
+    """A listener whose accept() finds nothing, as when a sibling won."""
+
+    def __init__(self, real: socket.socket) -> None:
+        self.real = real
+        self.calls = 0
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def accept(self) -> Any:
+        self.calls += 1
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+
+def test_balanced_lost_race_costs_one_accept_and_no_requeue() -> None:
+    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    real = socket.socket()
+    try:
+        real.bind(("127.0.0.1", 0))
+        real.listen(10)
+        loop._add_reader(real.fileno(), lambda: None)
+        before = loop.statistics()
+        fake = EmptyListener(real)
+        loop._accept_connection(Counting, fake, None, None, 100)
+        assert fake.calls == 1 and accepts(loop, before) == (1, 1)
+        assert ctl(loop, before) == (0, 0, 0)
+        loop._remove_reader(real.fileno())
+    finally:
+        loop.close()
+        real.close()
 
 
 class SharedListener:
@@ -345,188 +577,112 @@ class SharedListener:
         self.listener.close()
 
 
-def accepts(loop: asyncio_relaxed.Loop, before: Any) -> tuple[int, int]:
-    delta = loop.statistics() - before
-    return delta.accept, delta.accept_eagain
-
-
-def listening(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> bool:
-    try:
-        loop._selector.get_key(server.sockets[0].fileno())
-    except KeyError:
-        return False
-    return True
-
-
-def retry_handles(loop: asyncio_relaxed.Loop) -> list[Any]:
-    return [
-        h for h in loop._scheduled
-        if not h.cancelled() and getattr(h._callback, "__name__", "") == "_accept_rested"
-    ]
-
-
-#: Longer than any rest these tests cause (the cooldown's cap times a few
-#: open connections), so waiting this long on the loop ends the rest.
-PAST_A_REST = 10 * _loop.BALANCED_MAX_COOLDOWN
-
-
-class FrozenClock:
-    """The loop's clock, stopped: a rest ends only when the test says so,
-    however slowly the iterations run (rests are a fraction of a millisecond)."""
-
-    def __init__(self, loop: asyncio_relaxed.Loop) -> None:
-        self.now = loop.time()
-        loop.time = self  # type: ignore[method-assign]
-
-    def __call__(self) -> float:
-        return self.now
-
-    def end_rest(self, loop: asyncio_relaxed.Loop) -> None:
-        """Move past any rest these tests cause and run one iteration."""
-        self.now += PAST_A_REST
-        iterate(loop, 1)
-
-
-def test_balanced_accepts_one_per_event_then_rests(clients: list[socket.socket]) -> None:
-    loop = asyncio_relaxed.new_event_loop(accept="balanced")
-    try:
-        server = start(loop)
-        FrozenClock(loop)
-        connect(server, clients, 3)
-        before = loop.statistics()
-        iterate(loop, 1)
-        assert accepts(loop, before) == (1, 0)  # one per event, no wasted EAGAIN
-        assert not listening(loop, server) and len(retry_handles(loop)) == 1
-        iterate(loop, 2)
-        assert accepts(loop, before) == (1, 0)  # resting: the others wait
-        stop(loop, server)
-    finally:
-        loop.close()
-
-
-def test_balanced_resting_worker_leaves_the_connection_to_a_sibling() -> None:
+def test_balanced_workers_requeue_only_after_winning() -> None:
+    """Both workers poll the listener throughout (no rest); each requeues its
+    own registration once per event it won, and the loser of a race sees
+    no event at all (epoll re-checks readiness before reporting)."""
     shared = SharedListener()
-    (a, b), (server_a, _) = shared.loops, shared.servers
-    clock = FrozenClock(a)
+    (a, b), (server_a, server_b) = shared.loops, shared.servers
     try:
-        shared.connect()
         before_a, before_b = a.statistics(), b.statistics()
-        iterate(a, 1)
-        assert accepts(a, before_a) == (1, 0)  # not resting: at once
-        assert not listening(a, server_a)
-
         shared.connect()
+        settle(server_a, 1)
         iterate(a, 1)
-        assert accepts(a, before_a) == (1, 0)  # resting: does not accept
+        assert accepts(a, before_a) == (1, 0) and ctl(a, before_a) == (1, 0, 1)
+        shared.connect()
+        settle(server_b, 1)
         iterate(b, 1)
-        assert accepts(b, before_b) == (1, 0)  # the sibling takes it at once
-
-        # a's rest ends: one accept, EAGAIN (nobody waited for a), listener back;
-        # cooldown stays at its cap.
-        clock.end_rest(a)
-        assert accepts(a, before_a) == (2, 1)
-        assert a._balanced.rests_idle == 1
-        assert a._balanced.cooldown == _loop.BALANCED_MAX_COOLDOWN
-        assert listening(a, server_a) and not retry_handles(a)
-
-        # a accepts at once again.
-        shared.connect()
+        assert accepts(b, before_b) == (1, 0) and ctl(b, before_b) == (1, 0, 1)
         iterate(a, 1)
-        assert accepts(a, before_a) == (3, 1)
+        assert accepts(a, before_a) == (1, 0)  # nothing left for a
+        assert listening(a, server_a) and listening(b, server_b)
     finally:
         shared.close()
 
 
-def test_balanced_lone_worker_takes_what_waited_for_its_rest(
-    clients: list[socket.socket],
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_balanced_requeue_keeps_epollexclusive(
+    clients: list[socket.socket], exclusive: bool
 ) -> None:
-    loop = asyncio_relaxed.new_event_loop(accept="balanced")
+    import select
+
+    if not hasattr(select, "EPOLLEXCLUSIVE"):
+        pytest.skip("no EPOLLEXCLUSIVE on this platform")
+    loop = asyncio_relaxed.new_event_loop(accept="balanced", exclusive_accept=exclusive)
     try:
         server = start(loop)
-        connect(server, clients, 3)
+        connect(server, clients, 1)
+        settle(server, 1)
         before = loop.statistics()
         iterate(loop, 1)
-        assert accepts(loop, before) == (1, 0)
-        cooldown = loop._balanced.cooldown
-        run(loop, asyncio.sleep(PAST_A_REST))
-        # Two waited: both taken in the rest's burst, which ends at EAGAIN.
-        assert accepts(loop, before) == (4, 1)
-        assert loop._balanced.rests_waited == 1 and loop._balanced.cooldown < cooldown
-        assert listening(loop, server)
+        assert ctl(loop, before)[2] == 1  # requeued
+        flags = _epoll_flags(loop._selector.fileno(), server.sockets[0].fileno())
+        assert bool(flags & select.EPOLLEXCLUSIVE) is exclusive
         stop(loop, server)
     finally:
         loop.close()
-
-
-def test_balanced_server_close_during_a_rest_cancels_it(
-    clients: list[socket.socket], loop_errors: LoopErrors
-) -> None:
-    loop = asyncio_relaxed.new_event_loop(accept="balanced")
-    loop.set_exception_handler(loop_errors.handler)
-    try:
-        server = start(loop)
-        connect(server, clients, 2)
-        iterate(loop, 1)
-        assert retry_handles(loop)  # resting, one connection still queued
-        before = loop.statistics()
-        listener = server.sockets[0]
-        server.close()
-        assert listener.fileno() == -1
-        assert not retry_handles(loop) and not loop._accept_delayed
-        run(loop, asyncio.sleep(PAST_A_REST))
-        assert accepts(loop, before) == (0, 0)  # nothing touched the closed socket
-        stop(loop, server)
-    finally:
-        loop.close()
-    loop_errors.check()
 
 
 class StarvedListener:
-    """A listener whose accept() fails with EMFILE; fileno() is a real fd."""
+    """A listener whose accept() fails with EMFILE after *ok* real accepts."""
 
-    def __init__(self, real: socket.socket) -> None:
+    def __init__(self, real: socket.socket, ok: int = 0) -> None:
         self.real = real
+        self.family = real.family
+        self.ok = ok
         self.calls = 0
 
     def fileno(self) -> int:
         return self.real.fileno()
 
+    def getsockopt(self, *args: Any) -> Any:
+        return self.real.getsockopt(*args)
+
     def accept(self) -> Any:
         self.calls += 1
+        if self.calls <= self.ok:
+            return self.real.accept()
         raise OSError(errno.EMFILE, "Too many open files")
 
 
-@pytest.mark.parametrize("resting", [False, True], ids=["at-once", "after-a-rest"])
-def test_balanced_emfile_backs_off_once(resting: bool, loop_errors: LoopErrors) -> None:
-    """EMFILE on the polled accept or at the end of a rest: reported once, the
-    listener out of the poller, one back-off retry scheduled, no rest left."""
+@pytest.mark.parametrize("ok", [0, 1], ids=["first-accept", "in-the-burst"])
+def test_balanced_emfile_backs_off_once(
+    clients: list[socket.socket], ok: int, loop_errors: LoopErrors
+) -> None:
+    """EMFILE on the first accept of an event or within its burst: reported
+    once, the listener out of the poller (no requeue), one back-off retry."""
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     loop.set_exception_handler(loop_errors.handler)
     loop_errors.expect("socket.accept() out of system resource")
     real = socket.socket()
     real.bind(("127.0.0.1", 0))
     real.listen(10)
-    fake = StarvedListener(real)
+    for _ in range(2):
+        clients.append(socket.create_connection(real.getsockname()))
+    settle(real, 2)
+    real.setblocking(False)
+    fake = StarvedListener(real, ok)
     try:
         loop._add_reader(real.fileno(), lambda: None)
-        if resting:
-            loop._accept_rest(Counting, fake, None, None, 100, ())
-            assert fake.calls == 0 and len(retry_handles(loop)) == 1
-            run(loop, asyncio.sleep(PAST_A_REST))
-        else:
-            loop._accept_connection(Counting, fake, None, None, 100)
-        assert fake.calls == 1
+        before = loop.statistics()
+        loop._accept_connection(Counting, fake, None, None, 100)
+        assert fake.calls == ok + 1
         assert len(loop_errors.contexts) == 1
         assert loop_errors.contexts[0]["exception"].errno == errno.EMFILE
         with pytest.raises(KeyError):
             loop._selector.get_key(real.fileno())
-        assert not retry_handles(loop) and not loop._accept_delayed
+        assert ctl(loop, before) == (0, 0, 1)  # the back-off's DEL, no requeue
+        assert len(loop._transports) == ok  # what was accepted is served
         resumes = [
             h for h in loop._scheduled
             if not h.cancelled() and h._callback.__name__ == "_resume_serving"
         ]
         assert len(resumes) == 1
         resumes[0].cancel()
+        for transport in list(loop._transports.values()):
+            if transport is not None:
+                transport.abort()
+        iterate(loop, 1)
     finally:
         loop.close()
         real.close()

@@ -369,6 +369,37 @@ def test_unregister_of_unowned_fd_is_sent_at_once(poller: Poller, pair: Pair) ->
     assert ctl(poller) == (1, 0, 1)
 
 
+def test_requeue_is_one_del_and_one_add_and_keeps_the_fd_polled(
+    epoll: Poller, pair: Pair
+) -> None:
+    """requeue() registers the fd with the kernel anew, at once; what is
+    polled does not change: a ready fd is still reported by the next poll."""
+    a, b = pair()
+    epoll.register(a, R)
+    b.send(b"x")
+    assert epoll.requeue(a.fileno())
+    assert ctl(epoll) == (2, 0, 1)
+    assert epoll.pending_changes == 0
+    assert by_fd(epoll.select(0)) == [(a.fileno(), R)]
+
+
+def test_requeue_sends_nothing_unless_the_kernel_holds_what_is_wanted(
+    poller: Poller, pair: Pair
+) -> None:
+    a, _ = pair()
+    fd = a.fileno()
+    assert not poller.requeue(fd)  # not registered
+    poller.register(a, R)
+    poller.modify(a, R | W)
+    assert not poller.requeue(fd)  # a change is pending
+    poller.select(0)
+    sent = ctl(poller)
+    # epoll only: the point is epoll's wait-queue order; others send nothing.
+    assert poller.requeue(fd) is (poller.backend_name == "epoll")
+    if poller.backend_name != "epoll":
+        assert ctl(poller) == sent
+
+
 def test_unregister_of_owned_fd_is_deferred_then_one_del(poller: Poller, pair: Pair) -> None:
     """An owned fd's unregister() sends one DEL at the flush; events stop."""
     a, b = pair()
