@@ -75,7 +75,9 @@ class AcceptStrategy(str, enum.Enum):
     #: Linux, as many as the accept queue holds, so no accept finds it
     #: empty), then register the listener with the poller anew, which moves
     #: this worker in the order the next connection wakes them, so the
-    #: winner rotates.  No shared memory; the theory of operation is in
+    #: winner rotates; a worker holding more than one open connection does
+    #: that only after a rest out of the poller that grows with what it
+    #: holds (load-aware).  No shared memory; the theory of operation is in
     #: _loop.py, above accept_queue_length.
     BALANCED = "balanced"
 
@@ -139,8 +141,10 @@ class Config:
             "process. single and relaxed trade accept throughput for an even "
             "spread across processes sharing a listener (libuv measured relaxed "
             "at 3,944 vs 12,331 req/s in node http_simple_auto and turned it off); "
-            "balanced rests a worker after each accept, longer the more "
-            "connections it holds, for an even spread at little cost."
+            "balanced takes what is queued without an accept into an empty "
+            "queue, then re-registers the listener (after a rest that grows "
+            "with the connections the worker holds, if more than one), for an "
+            "even spread at little cost."
         ),
     )
     accept_batch: int = _field(
