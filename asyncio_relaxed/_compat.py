@@ -146,8 +146,13 @@ def server_detach(server: Any, transport: Any) -> None:
 
 def server_active_count(server: Any) -> int:
     """Open transports of an asyncio Server (attached in the transport's
-    __init__, detached at connection_lost): Server._active_count, 3.10-3.13."""
-    return int(getattr(server, "_active_count", 1))
+    __init__, detached at connection_lost): Server._active_count on
+    3.10-3.12, the size of Server._clients (a WeakSet of them) from 3.13."""
+    count = getattr(server, "_active_count", None)
+    if count is not None:
+        return int(count)
+    clients = getattr(server, "_clients", None)
+    return len(clients) if clients is not None else 1
 
 
 def cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from asyncio_relaxed import _loop
+from asyncio_relaxed import _compat, _loop
 from conftest import LoopErrors, iterate, run
 
 
@@ -455,7 +455,7 @@ def test_balanced_light_load_one_accept_and_one_requeue_per_connection(
             assert listening(loop, server) and rest_left(loop, server) is None
             clients.pop().close()  # the connection ends before the next comes
             for _ in range(100):
-                if server._active_count == 0:  # type: ignore[attr-defined]
+                if _compat.server_active_count(server) == 0:
                     break
                 iterate(loop, 1)
                 time.sleep(0.001)
