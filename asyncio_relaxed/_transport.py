@@ -91,18 +91,20 @@ _RAW_EXTRA: Any = _compat.TRANSPORT_EXTRA_SLOT
 # The local address of accepted sockets, one tuple per distinct address: every
 # connection a listener accepts has the same sockname (one per local address
 # the listener answers on), so they share it instead of holding a copy each
-# (a tuple and a str, 114 bytes).  Bounded: at the cap it starts over.
+# (a tuple and a str, 114 bytes).
 _SERVER_SOCKNAMES: dict[Any, Any] = {}
-_SERVER_SOCKNAMES_MAX = 1024
 
 # The host strings of accepted connections' peer addresses, one str per
 # distinct host: a server behind a proxy or load balancer (or a pre-forked
 # pool behind nginx) sees every connection come from the same few hosts, and
 # each accepted address would carry its own copy of the string (58 bytes for
 # "127.0.0.1").  Peers from distinct hosts share nothing and cost one dict
-# lookup each.  Bounded like _SERVER_SOCKNAMES.
+# lookup each.
 _PEER_HOSTS: dict[Any, Any] = {}
-_PEER_HOSTS_MAX = 1024
+
+# Entries of each of those caches at most: at the cap one starts over
+# (listeners and peers come and go).
+_SHARED_MAX = 1024
 
 # Flow control's default marks, stock's: 64 KiB, and a quarter of it.
 _DEFAULT_HIGH_WATER = 64 * 1024
@@ -145,20 +147,23 @@ def read_buffer(size: int) -> mmap.mmap | bytearray:
     return bytearray(size)
 
 
+def _shared(cache: dict[Any, Any], value: Any) -> Any:
+    """The object equal to *value* that *cache* holds (*value* itself, the
+    first time): one object per distinct value, whoever asks."""
+    shared = cache.get(value)
+    if shared is None:
+        if len(cache) >= _SHARED_MAX:
+            cache.clear()
+        cache[value] = shared = value
+    return shared
+
+
 def _share_peer_host(addr: Any) -> Any:
     """*addr* with its host string shared with earlier peers of that host."""
     if type(addr) is not tuple or len(addr) < 2:
         return addr  # a Unix socket's path, or nothing
-    host = addr[0]
-    shared = _PEER_HOSTS.get(host)
-    if shared is None:
-        if len(_PEER_HOSTS) >= _PEER_HOSTS_MAX:
-            _PEER_HOSTS.clear()
-        _PEER_HOSTS[host] = host
-        return addr
-    if shared is host:
-        return addr
-    return (shared, *addr[1:])
+    host = _shared(_PEER_HOSTS, addr[0])
+    return addr if host is addr[0] else (host, *addr[1:])
 
 
 def _peername(sock: socket.socket) -> Any:
@@ -262,9 +267,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             sockname = None
         else:
             if server is not None:
-                if len(_SERVER_SOCKNAMES) >= _SERVER_SOCKNAMES_MAX:
-                    _SERVER_SOCKNAMES.clear()  # listeners come and go (tests)
-                sockname = _SERVER_SOCKNAMES.setdefault(sockname, sockname)
+                sockname = _shared(_SERVER_SOCKNAMES, sockname)
         self._sockname = sockname
         # The socket, until get_extra_info("socket") wraps it (then the
         # TransportSocket): stock wraps every socket up front.
