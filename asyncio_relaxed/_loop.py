@@ -478,16 +478,17 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         timeouts: tuple[Any, ...],
         budget: int,
         queued: int | None,
-    ) -> bool | None:
+    ) -> int | None:
         """Up to *budget* accepts, no more than *queued* where known (so none
-        finds the queue empty); as _accept_one, None after a resource error."""
+        finds the queue empty), else until one finds it empty: how many gave
+        a connection, or None after a resource error (as _accept_one)."""
         if queued is not None:
             budget = min(budget, queued)
-        for _ in range(budget):
+        for taken in range(budget):
             got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts)
             if not got:
-                return got
-        return True
+                return None if got is None else taken
+        return budget
 
     def _accept_rested(
         self,
@@ -504,24 +505,15 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         self._accept_delayed.pop(fd, None)
         if fd < 0 or (server is not None and not server.is_serving()):
             return
-        budget = self._config.accept_batch or backlog
         queued = accept_queue_length(sock)
-        if queued is None:  # unknown here: one accept tells
-            got = self._accept_one(protocol_factory, sock, sslcontext, server, backlog,
-                                   timeouts)
-            if got:
-                got = self._accept_burst(protocol_factory, sock, sslcontext, server, backlog,
-                                         timeouts, budget - 1, None)
-                waited = True
-            else:
-                waited = False
-        else:
-            waited = queued > 0
-            got = waited and self._accept_burst(protocol_factory, sock, sslcontext, server,
-                                                backlog, timeouts, budget, queued)
-        if got is None:
+        taken = self._accept_burst(protocol_factory, sock, sslcontext, server, backlog,
+                                   timeouts, self._config.accept_batch or backlog, queued)
+        if taken is None:
             return  # EMFILE and friends: _accept_starved owns the listener now
-        self._balanced.rested(waited)
+        # Connections waited for the rest if the queue held some (a sibling
+        # may have taken them since); where its length is unknown, if the
+        # first accept found one.
+        self._balanced.rested(queued > 0 if queued is not None else taken > 0)
         if sock.fileno() >= 0:
             self._add_reader(fd, self._accept_connection, protocol_factory, sock,
                              sslcontext, server, backlog, *timeouts)
