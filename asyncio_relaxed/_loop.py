@@ -38,6 +38,9 @@ from ._transport import SocketTransport, is_tcp, read_buffer, set_options
 
 __all__ = ["Loop"]
 
+_EVENT_READ = selectors.EVENT_READ  # module globals: one lookup less per event
+_EVENT_WRITE = selectors.EVENT_WRITE
+
 _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 # Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
@@ -671,42 +674,47 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # handler as Handle._run sends it.  Only while Handle._run is stock's:
         # whoever replaced it (slow-callback loggers) must see these calls.
         inline = _compat.Handle._run is _compat.STOCK_HANDLE_RUN
-        for index, (fd, (reader, writer), mask) in enumerate(event_list):
-            if mask & selectors.EVENT_READ and reader is not None:
+        for event in event_list:
+            fd, (reader, writer), mask = event
+            if mask & _EVENT_READ and reader is not None:
                 if reader._cancelled:
                     self._remove_cancelled(fd, reader, 0)
                 else:
                     ran += 1
                     try:
-                        if inline:
-                            reader._context.run(reader._callback, *reader._args)
-                        else:
+                        if not inline:
                             reader._run()
+                        elif reader._args:
+                            reader._context.run(reader._callback, *reader._args)
+                        else:  # a transport's reader: no call with *args
+                            reader._context.run(reader._callback)
                     except (SystemExit, KeyboardInterrupt):
-                        if not mask & selectors.EVENT_WRITE:
+                        if not mask & _EVENT_WRITE:
                             writer = None
-                        self._requeue(event_list, index, writer)
+                        self._requeue(event_list, event, writer)
                         raise
                     except BaseException as exc:
                         self._callback_failed(reader, exc)
-            if mask & selectors.EVENT_WRITE and writer is not None:
+            if mask & _EVENT_WRITE and writer is not None:
                 if writer._cancelled:
                     self._remove_cancelled(fd, writer, 1)
                 else:
                     ran += 1
                     try:
-                        if inline:
+                        if not inline:
+                            writer._run()
+                        elif writer._args:
                             writer._context.run(writer._callback, *writer._args)
                         else:
-                            writer._run()
+                            writer._context.run(writer._callback)
                     except (SystemExit, KeyboardInterrupt):
-                        self._requeue(event_list, index, None)
+                        self._requeue(event_list, event, None)
                         raise
                     except BaseException as exc:
                         self._callback_failed(writer, exc)
         # As Handle._run's "self = None": a traceback kept by whoever got an
         # exception holds this frame; it must not hold the batch too.
-        event_list = reader = writer = None  # type: ignore[assignment]
+        event_list = event = reader = writer = None  # type: ignore[assignment]
         return ran
 
     def _callback_failed(self, handle: Any, exc: BaseException) -> None:
@@ -733,11 +741,14 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             pairs.append((key, mask))
         return pairs
 
-    def _requeue(self, event_list: list[tuple[int, Any, int]], index: int, writer: Any) -> None:
-        """SystemExit or KeyboardInterrupt left a batch half run (Handle._run
-        reports everything else): queue what stock would have queued."""
+    def _requeue(self, event_list: list[tuple[int, Any, int]], event: tuple[int, Any, int],
+                 writer: Any) -> None:
+        """SystemExit or KeyboardInterrupt left a batch half run at *event*
+        (Handle._run reports everything else): queue what stock would have
+        queued.  *event* is found by identity (the loop above keeps no index)."""
         if writer is not None and not writer._cancelled:
             self._ready.append(writer)
+        index = next(i for i, item in enumerate(event_list) if item is event)
         self._queue_events(event_list[index + 1:])
 
     def _remove_cancelled(self, fd: int, handle: Any, which: int) -> None:

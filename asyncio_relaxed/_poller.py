@@ -641,7 +641,7 @@ class Poller(selectors.BaseSelector):
         states = self._state
         stats = self.stats
         stats.poll_waits += 1
-        ready = []
+        ready: list[tuple[int, Any, int]] = []
         epoll = self._epoll
         if epoll is not None:
             # Fast path for the epoll backend, the one every event of a busy
@@ -652,22 +652,27 @@ class Poller(selectors.BaseSelector):
                 fd_events = epoll.poll(-1 if timeout is None else timeout, len(datas) or 1)
             except InterruptedError:
                 fd_events = []
+            append = ready.append
+            epollin = _EPOLLIN
             for fd, kmask in fd_events:
+                if kmask == epollin and fd not in states and fd in datas:
+                    # The common case, by far: input on a registered fd in
+                    # the usual state (no _state entry: reading wanted and
+                    # applied), so nothing below could change the mask.
+                    append((fd, datas[fd], EVENT_READ))
+                    continue
                 data = datas.get(fd, _MISSING)
                 if data is _MISSING:
                     self._unwanted(fd)
                     continue
                 events = states.get(fd, _COMMON) & _WANTED
-                if kmask == _EPOLLIN:
-                    mask = EVENT_READ  # the common case, by far
-                else:
-                    mask = _kernel_to_mask(kmask)
+                mask = _kernel_to_mask(kmask)
                 if mask & ~events:
                     self._unwanted(fd)
                     mask &= events
                     if not mask:
                         continue
-                ready.append((fd, data, mask))
+                append((fd, data, mask))
         else:
             try:
                 fd_events = self._backend.poll(timeout, max(len(datas), 1))

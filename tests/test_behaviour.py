@@ -599,3 +599,52 @@ def test_subclass_process_events_gets_key_mask_pairs(kind: str) -> None:
         a.close()
         b.close()
         loop.close()
+
+
+@pytest.mark.parametrize("kind", list(LOOP_CLASSES))
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_interrupt_in_a_reader_leaves_the_rest_of_the_batch_queued(
+    kind: str, raised: type[BaseException]
+) -> None:
+    """KeyboardInterrupt or SystemExit from one I/O callback of a poll's batch
+    leaves the batch's other callbacks queued, as stock's ready queue does:
+    they run when the loop runs again even if their fds went quiet meanwhile
+    (ours runs a batch straight from the poll and must queue the rest)."""
+    loop = LOOP_CLASSES[kind]()
+    pairs = [socket.socketpair() for _ in range(3)]
+    calls: list[int] = []
+
+    def reader(index: int) -> None:
+        calls.append(index)
+        try:
+            pairs[index][0].recv(10)
+        except BlockingIOError:
+            pass
+        if len(calls) == 1:
+            raise raised()
+
+    try:
+        for index, (a, _) in enumerate(pairs):
+            a.setblocking(False)
+            loop.add_reader(a.fileno(), reader, index)
+
+        def send_all() -> None:  # from a timer: the poll that follows has nothing else ready
+            for _, b in pairs:
+                b.send(b"x")
+
+        loop.call_later(0.01, send_all)
+        with pytest.raises(raised):
+            loop.run_until_complete(asyncio.sleep(0.05))
+        assert len(calls) == 1
+        for index, (a, _) in enumerate(pairs):  # the others' data goes away
+            if index != calls[0]:
+                assert a.recv(10) == b"x"
+        loop.run_until_complete(asyncio.sleep(0))
+        assert sorted(calls[1:]) == sorted(set(range(3)) - {calls[0]})
+        for a, _ in pairs:
+            loop.remove_reader(a.fileno())
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        loop.close()
