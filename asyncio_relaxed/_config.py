@@ -64,7 +64,9 @@ class AcceptStrategy(str, enum.Enum):
     """How many connections a listener accepts per readiness event."""
 
     #: Up to ``accept_batch`` accepts per event (stock asyncio, bpo-27906):
-    #: fast under connection storms, unfair across pre-forked workers.
+    #: fast under connection storms, unfair across pre-forked workers.  On
+    #: Linux no more than the accept queue holds, so none finds it empty
+    #: (stock's last accept of every event does).
     BATCH = "batch"
     #: One accept per event (libuv >= 1.45, uvloop): no wasted EAGAIN accept.
     SINGLE = "single"
