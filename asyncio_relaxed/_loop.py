@@ -40,6 +40,8 @@ __all__ = ["Loop"]
 
 _EVENT_READ = selectors.EVENT_READ  # module globals: one lookup less per event
 _EVENT_WRITE = selectors.EVENT_WRITE
+#: The due timers of an iteration without any (never appended to).
+_NO_TIMERS: tuple[Any, ...] = ()
 
 _ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -840,16 +842,19 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if not direct:
             self._queue_events(event_list)
 
-        # Handle 'later' callbacks that are ready.
-        end_time = self.time() + self._clock_resolution
-        due = [] if direct else ready
-        while scheduled:
-            handle = scheduled[0]
-            if handle._when >= end_time:
-                break
-            handle = heapq.heappop(scheduled)
-            handle._scheduled = False
-            due.append(handle)
+        # Handle 'later' callbacks that are ready (no clock read without
+        # timers: stock reads it every iteration, for nothing then).
+        due: Any = _NO_TIMERS  # read only in the direct case
+        if scheduled:
+            end_time = self.time() + self._clock_resolution
+            due = [] if direct else ready
+            while scheduled:
+                handle = scheduled[0]
+                if handle._when >= end_time:
+                    break
+                handle = heapq.heappop(scheduled)
+                handle._scheduled = False
+                due.append(handle)
 
         ran = added = 0
         if direct:
