@@ -648,3 +648,98 @@ def test_interrupt_in_a_reader_leaves_the_rest_of_the_batch_queued(
             a.close()
             b.close()
         loop.close()
+
+
+def test_call_soon_handles_match_stock(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
+    """call_soon's handle, arguments, context and cancel (ours makes the
+    handle without Handle.__init__ outside debug mode)."""
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[tuple[Any, ...]] = []
+    context = contextvars.copy_context()
+    context.run(var.set, "from the context")
+    first = loop.call_soon(lambda *args: seen.append((*args, var.get())), 1, 2)
+    loop.call_soon(lambda: seen.append(("second", var.get())), context=context)
+    cancelled = loop.call_soon(seen.append, "cancelled")
+    cancelled.cancel()
+    assert not first.cancelled() and cancelled.cancelled()
+    if loop_name != "uvloop":  # uvloop's handles are its own
+        assert type(first) is asyncio.Handle
+        assert repr(first).startswith("<Handle ") and "<lambda>" in repr(first)
+        assert repr(cancelled) == "<Handle cancelled>"
+        assert first._source_traceback is None  # type: ignore[attr-defined]
+    loop.run_until_complete(asyncio.sleep(0))
+    assert seen == [(1, 2, "unset"), ("second", "from the context")]
+
+
+def test_call_soon_on_a_closed_loop_raises_as_stock(loop_name: str) -> None:
+    from conftest import LOOP_FACTORIES
+
+    factory = LOOP_FACTORIES[loop_name]
+    assert factory is not None
+    closed = factory()
+    closed.close()
+    with pytest.raises(RuntimeError, match=r"^Event loop is closed$"):
+        closed.call_soon(print)
+
+
+def test_call_soon_in_debug_mode_records_where(loop: asyncio.AbstractEventLoop,
+                                               loop_name: str) -> None:
+    if loop_name == "uvloop":
+        pytest.skip("uvloop's handles are its own")
+    loop.set_debug(True)
+    handle = loop.call_soon(print)
+    handle.cancel()
+    frame = handle._source_traceback[-1]  # type: ignore[attr-defined]
+    assert frame.name == "test_call_soon_in_debug_mode_records_where"
+    assert "loop.call_soon(print)" in frame.line
+    loop.set_debug(False)
+
+
+@pytest.mark.parametrize("kind", list(LOOP_CLASSES))
+def test_call_soon_uses_a_replaced_handle_class(kind: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instrumentation that replaces asyncio.events.Handle sees call_soon's
+    handles made by its class, as with stock."""
+    made: list[Any] = []
+
+    class Recording(asyncio.Handle):
+        __slots__ = ()
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(asyncio.events, "Handle", Recording)
+    loop = LOOP_CLASSES[kind]()
+    try:
+        handle = loop.call_soon(print)
+        assert made[-1] is handle and type(handle) is Recording
+        handle.cancel()
+    finally:
+        loop.close()
+
+
+def test_call_soon_exception_reaches_the_handler_as_stock_reports_it(
+    loop: asyncio.AbstractEventLoop, loop_name: str, loop_errors: Any
+) -> None:
+    """A ready callback that raises (ours runs it without Handle._run's
+    frame): stock's message, exception and handle; no frame holds the handle."""
+    loop_errors.expect("Exception in callback")
+
+    def failing() -> None:
+        raise ZeroDivisionError("from call_soon")
+
+    handle = loop.call_soon(failing)
+    loop.run_until_complete(asyncio.sleep(0))
+    [context] = loop_errors.contexts
+    assert isinstance(context["exception"], ZeroDivisionError)
+    if loop_name != "uvloop":
+        assert context["message"].startswith("Exception in callback ")
+        assert "failing" in context["message"]
+        assert context["handle"] is handle
+        del handle
+        frames = [frame for frame, _ in traceback.walk_tb(context["exception"].__traceback__)]
+        held = [v for f in frames for v in f.f_locals.values() if isinstance(v, asyncio.Handle)]
+        assert held == []
