@@ -23,6 +23,14 @@ costs more than an add), but they move only when the code does, so a change
 of a few per cent is visible in one run.  Counts include the driver, the
 same Python code on every loop.
 
+The ``http`` column (``--sizes ...,http``) is an aiohttp app on the loop
+under test, ``GET /`` answering 0 bytes, over ``PAIRS`` keep-alive
+connections driven the same way (one request per connection per round, the
+next round once the handler has run for all of them and every response is
+back).  It has no floor row (there is no minimal aiohttp): read it against
+stock and uvloop, where aiohttp's own Python code is the same for every
+loop and the difference is the loop's share.
+
 Read the 100 KiB column as a count of user-space copies, not as a cost to
 compare between loops: uvloop and asyncio_relaxed copy each message out of
 a reusable, aligned buffer (about one counted instruction per byte under
@@ -35,7 +43,7 @@ own Python code shows.
 Run::
 
     python -m benchmarks.instructions [--loops asyncio,uvloop,relaxed-eager]
-        [--sizes 1024,102400] [--baseline DIR]
+        [--sizes 1024,102400,http] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
 command says so and exits.  A child run (``--child``) is what valgrind runs.
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -71,6 +80,9 @@ LOW_ROUNDS = 100
 HIGH_ROUNDS = 600
 DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-deferred")
 DEFAULT_SIZES = (1024, 100 * 1024)
+#: The --sizes token of the aiohttp workload.
+HTTP = "http"
+HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
 FLOOR = "floor"
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
@@ -176,6 +188,70 @@ def child(loop_name: str, size: int, rounds: int) -> None:
     loop.close()
 
 
+def http_child(loop_name: str, rounds: int) -> None:
+    """The aiohttp run: ``PAIRS`` keep-alive clients, one GET each per round."""
+    from aiohttp import web
+
+    print(json.dumps({"relaxed": loops.relaxed_package()}), flush=True)
+    loop = loops.factory(loop_name)()
+    finished = loop.create_future()
+    clients: list[socket.socket] = []
+    missing = [0] * PAIRS  # responses not yet read, per client
+    state = {"rounds": WARMUP_ROUNDS + rounds, "served": 0}
+
+    def send_round() -> None:
+        state["rounds"] -= 1
+        for i, client in enumerate(clients):
+            client.sendall(HTTP_REQUEST)
+            missing[i] += 1
+
+    def receive() -> bool:
+        # A 0-byte response is its head: one blank line ends each.
+        for i, client in enumerate(clients):
+            while missing[i]:
+                try:
+                    data = client.recv(65536)
+                except BlockingIOError:
+                    return False
+                missing[i] -= data.count(b"\r\n\r\n")
+        return True
+
+    def next_round() -> None:
+        if not receive():
+            loop.call_soon(next_round)
+        elif state["rounds"]:
+            send_round()
+        else:
+            finished.set_result(None)
+
+    async def hello(request: web.Request) -> web.Response:
+        state["served"] += 1
+        if state["served"] % PAIRS == 0:
+            loop.call_soon(next_round)
+        return web.Response(body=b"")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/", hello)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        for _ in range(PAIRS):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.setblocking(False)
+            clients.append(client)
+        send_round()
+        await finished
+        for client in clients:
+            client.close()
+        await runner.cleanup()
+
+    loop.run_until_complete(main())
+    loop.close()
+
+
 def _floor(served: list[socket.socket], driver: Driver) -> None:
     """The least a Python echo executes: poll, recv, send; same driver."""
     epoll = select.epoll()
@@ -201,7 +277,7 @@ def _floor(served: list[socket.socket], driver: Driver) -> None:
 # -- the parent: valgrind runs and the table -----------------------------------------
 
 
-def count(name: str, size: int, rounds: int) -> int:
+def count(name: str, size: int | str, rounds: int) -> int:
     """Instructions callgrind collected for one child run of loop *name*."""
     first = loops.import_dir(name) if name != FLOOR else None
     env = runner._env(first)  # the checkout's shim first, then this tree
@@ -232,13 +308,13 @@ def per_request(low: int, high: int, low_rounds: int = LOW_ROUNDS,
     return (high - low) / ((high_rounds - low_rounds) * PAIRS)
 
 
-def measure(loop_names: Sequence[str], sizes: Sequence[int], jobs: int,
+def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
             progress: Callable[[str], None]) -> dict[str, dict[str, float]]:
-    """{loop: {size: instructions per request}}, the floor included."""
+    """{loop: {size: instructions per request}}, the floor included (not for http)."""
     tasks = [(name, size, rounds) for name in (FLOOR, *loop_names) for size in sizes
-             for rounds in (LOW_ROUNDS, HIGH_ROUNDS)]
+             for rounds in (LOW_ROUNDS, HIGH_ROUNDS) if not (name == FLOOR and size == HTTP)]
 
-    def one(task: tuple[str, int, int]) -> tuple[tuple[str, int, int], int]:
+    def one(task: tuple[str, int | str, int]) -> tuple[tuple[str, int | str, int], int]:
         name, size, rounds = task
         started = time.monotonic()
         total = count(name, size, rounds)
@@ -250,14 +326,18 @@ def measure(loop_names: Sequence[str], sizes: Sequence[int], jobs: int,
         totals = dict(pool.map(one, tasks))
     return {name: {str(size): per_request(totals[(name, size, LOW_ROUNDS)],
                                           totals[(name, size, HIGH_ROUNDS)])
-                   for size in sizes}
+                   for size in sizes if (name, size, LOW_ROUNDS) in totals}
             for name in (FLOOR, *loop_names)}
 
 
-def table(result: dict[str, dict[str, float]], sizes: Sequence[int]) -> list[str]:
-    """Markdown rows: instructions per request, above the floor, ratio to stock."""
+def table(result: dict[str, dict[str, float]], sizes: Sequence[int | str]) -> list[str]:
+    """Markdown rows: instructions per request, above the floor, ratio to stock
+    (for http, which has no floor: instructions and their ratio to stock)."""
     head = ["loop"]
     for size in sizes:
+        if isinstance(size, str):  # HTTP
+            head += ["aiohttp hello: instr/req", "vs asyncio"]
+            continue
         label = f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
         head += [f"{label}: instr/req", "above floor", "vs asyncio (above floor)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
@@ -267,6 +347,13 @@ def table(result: dict[str, dict[str, float]], sizes: Sequence[int]) -> list[str
         cells = [name]
         for size in sizes:
             key = str(size)
+            if size == HTTP:
+                if name == FLOOR:
+                    cells += ["—", "—"]
+                else:
+                    cells.append(f"{by_size[key]:,.0f}")
+                    cells.append("—" if stock is None else f"{by_size[key] / stock[key]:.2f}x")
+                continue
             above = by_size[key] - floor[key]
             cells.append(f"{by_size[key]:,.0f}")
             cells.append("—" if name == FLOOR else f"{above:,.0f}")
@@ -284,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loops", default=",".join(DEFAULT_LOOPS),
                         help=f"comma-separated; known: {', '.join(loops.SPECS)}")
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
-                        help="message sizes in bytes (1024,102400)")
+                        help="message sizes in bytes, and/or http for the aiohttp "
+                        "workload (1024,102400)")
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="also count each relaxed preset from the checkout in DIR, "
                         "as NAME@base")
@@ -294,13 +382,19 @@ def main(argv: list[str] | None = None) -> int:
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        if args.child[1] == HTTP:
+            http_child(args.child[0], int(args.child[2]))
+        else:
+            child(args.child[0], int(args.child[1]), int(args.child[2]))
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind); nothing counted",
               file=sys.stderr)
         return 2
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes: list[int | str] = [s if s == HTTP else int(s) for s in args.sizes.split(",") if s]
+    if HTTP in sizes and importlib.util.find_spec("aiohttp") is None:
+        print("note: the http workload skipped: aiohttp is not installed", file=sys.stderr)
+        sizes.remove(HTTP)
     names = [n for n in args.loops.split(",") if n]
     for name in names:
         if name not in loops.SPECS:
@@ -329,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(doc, indent=1) + "\n")
     md = path.with_suffix(".md")
     md.write_text(f"# Instructions per request ({started})\n\n`{doc['command']}`, "
-                  f"{PAIRS} socket pairs, echo, callgrind; Python {sys.version.split()[0]}\n\n"
+                  f"{PAIRS} socket pairs (echo) or keep-alive connections (http), "
+                  f"callgrind; Python {sys.version.split()[0]}\n\n"
                   + "\n".join(rows) + "\n")
     print("\n".join(rows))
     print(f"\nresults: {path}  report: {md}")

@@ -238,6 +238,13 @@ def test_instructions_parse_and_arithmetic() -> None:
     assert rows[0].startswith("| loop | 1 KiB: instr/req | above floor |")
     assert rows[3] == "| asyncio | 24,000 | 13,000 | 1.00x |"
     assert rows[4] == "| relaxed-eager | 17,500 | 6,500 | 0.50x |"
+    # The http column has no floor: instructions and their ratio to stock.
+    rows = instructions.table(
+        {"floor": {"1024": 11_000.0}, "asyncio": {"1024": 24_000.0, "http": 80_000.0},
+         "relaxed-eager": {"1024": 17_500.0, "http": 60_000.0}}, [1024, "http"])
+    assert rows[0].endswith("| aiohttp hello: instr/req | vs asyncio |")
+    assert rows[2] == "| floor | 11,000 | — | — | — | — |"
+    assert rows[4] == "| relaxed-eager | 17,500 | 6,500 | 0.50x | 60,000 | 0.75x |"
 
 
 def test_instructions_without_valgrind_says_so(
@@ -252,13 +259,18 @@ def test_instructions_without_valgrind_says_so(
 
 @pytest.mark.bench
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
-@pytest.mark.parametrize("size", [1024, 100 * 1024])
-def test_instructions_child_echoes_every_round(loop_name: str, size: int) -> None:
+@pytest.mark.parametrize("size", [1024, 100 * 1024, "http"])
+def test_instructions_child_echoes_every_round(loop_name: str, size: int | str) -> None:
     """The run valgrind counts, without valgrind: every round comes back."""
     import subprocess
     import sys
 
     from benchmarks import instructions
+
+    if size == "http":
+        if loop_name == "floor":
+            pytest.skip("the http workload has no floor")
+        pytest.importorskip("aiohttp")
 
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.instructions", "--child", loop_name, str(size), "20"],
