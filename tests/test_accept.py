@@ -36,8 +36,27 @@ def clients() -> Iterator[list[socket.socket]]:
         s.close()
 
 
+#: (loop, server) of every start(): what a test that failed before its
+#: stop() left open is closed by _close_what_failed_tests_left, so that its
+#: sockets' ResourceWarnings do not fail a later, unrelated test.
+_STARTED: list[tuple[asyncio_relaxed.Loop, Any]] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_what_failed_tests_left() -> Iterator[None]:
+    yield
+    for loop, server in _STARTED:
+        for transport in list(loop._transports.values()):
+            if transport is not None and transport._sock is not None:
+                transport._sock.close()
+        for sock in server._sockets or ():
+            sock.close()
+    _STARTED.clear()
+
+
 def start(loop: asyncio_relaxed.Loop, backlog: int = 100) -> asyncio.AbstractServer:
     server = run(loop, loop.create_server(Counting, "127.0.0.1", 0, backlog=backlog))
+    _STARTED.append((loop, server))
     iterate(loop, 1)
     return server
 
