@@ -915,14 +915,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if handle._cancelled:
                 continue
             ran += 1
-            if inline and not self._debug:
-                try:
-                    handle._context.run(handle._callback, *handle._args)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    self._callback_failed(handle, exc)
-            elif self._debug:
+            if self._debug:
                 try:
                     self._current_handle = handle
                     t0 = self.time()
@@ -935,6 +928,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                         )
                 finally:
                     self._current_handle = None
+            elif inline:
+                try:
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._callback_failed(handle, exc)
             else:
                 handle._run()
         handle = None  # Needed to break cycles when an exception occurs.
