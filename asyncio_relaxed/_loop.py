@@ -417,11 +417,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         config = self._config
         strategy = config.accept
         if strategy is AcceptStrategy.BATCH:
-            budget = config.accept_batch or backlog
-            if self._accept_one(protocol_factory, sock, sslcontext, server, backlog,
-                                timeouts) and budget > 1:
-                self._accept_burst(protocol_factory, sock, sslcontext, server, backlog,
-                                   timeouts, budget - 1, accept_queue_length(sock))
+            self._accept_queued(protocol_factory, sock, sslcontext, server, backlog, timeouts)
             return
         if strategy is AcceptStrategy.BALANCED:
             self._accept_balanced(protocol_factory, sock, sslcontext, server, backlog, timeouts)
@@ -495,12 +491,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         """accept=balanced, one readiness event: accept, take what is
         queued, and register the listener anew so the race rotates: at once,
         or after a rest when this worker holds more than one connection."""
-        if not self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
+        if not self._accept_queued(protocol_factory, sock, sslcontext, server, backlog,
+                                   timeouts):
             return  # a sibling won the race, or EMFILE: _accept_starved's now
-        budget = (self._config.accept_batch or backlog) - 1
-        if self._accept_burst(protocol_factory, sock, sslcontext, server, backlog, timeouts,
-                              budget, accept_queue_length(sock)) is None:
-            return  # EMFILE and friends: _accept_starved owns the listener now
         fd = sock.fileno()
         if fd < 0:
             return
@@ -514,6 +507,27 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             self._balanced.rest(active), self._accept_rested,
             protocol_factory, sock, sslcontext, server, backlog, timeouts,
         )
+
+    def _accept_queued(
+        self,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+    ) -> bool:
+        """batch and balanced, one readiness event: one accept, then as many
+        as the queue holds, up to accept_batch in all.  False when the first
+        found nothing or a resource error stopped them (the listener is then
+        _accept_starved's)."""
+        if not self._accept_one(protocol_factory, sock, sslcontext, server, backlog, timeouts):
+            return False
+        budget = (self._config.accept_batch or backlog) - 1
+        if budget <= 0:  # a batch of one: no need to read the queue's length
+            return True
+        return self._accept_burst(protocol_factory, sock, sslcontext, server, backlog,
+                                  timeouts, budget, accept_queue_length(sock)) is not None
 
     def _accept_burst(
         self,
@@ -688,12 +702,12 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             self._process_events(self._as_keys(event_list))
             return
         for fd, (reader, writer), mask in event_list:
-            if mask & selectors.EVENT_READ and reader is not None:
+            if mask & _EVENT_READ and reader is not None:
                 if reader._cancelled:
                     self._remove_reader(fd)
                 else:
                     self._add_callback(reader)
-            if mask & selectors.EVENT_WRITE and writer is not None:
+            if mask & _EVENT_WRITE and writer is not None:
                 if writer._cancelled:
                     self._remove_writer(fd)
                 else:
