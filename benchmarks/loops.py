@@ -28,7 +28,7 @@ LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
     name: str
-    #: "asyncio", "uvloop", "rloop" or "relaxed".
+    #: "asyncio", "uvloop", "rloop", "relaxed", or "floor" (no event loop).
     kind: str
     #: asyncio_relaxed settings (keyword arguments of new_event_loop).
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -57,6 +57,9 @@ SPECS: dict[str, LoopSpec] = {
                  "one accept, then yield the CPU"),
         LoopSpec("relaxed-balanced", "relaxed", {"accept": "balanced"},
                  "load-aware accept"),
+        LoopSpec("floor", "floor",
+                 about="no event loop: the least a Python echo server runs (epoll, "
+                       "accept, recv, send); echo-protocol workloads only"),
     )
 }
 
@@ -172,6 +175,8 @@ def factory(name: str) -> LoopFactory:
     why = missing(name)
     if why:
         raise LookupError(why)
+    if spec.kind == "floor":
+        raise LookupError("floor is not an event loop: benchmarks.server runs it itself")
     if spec.kind == "asyncio":
         return asyncio.SelectorEventLoop
     if spec.kind in ("uvloop", "rloop"):
@@ -193,7 +198,7 @@ def config(name: str) -> dict[str, object] | None:
 def version(name: str) -> str:
     """The version of the package behind loop *name*."""
     kind = SPECS[name].kind
-    if kind == "asyncio":
+    if kind in ("asyncio", "floor"):
         import platform
 
         return platform.python_version()

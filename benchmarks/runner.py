@@ -487,7 +487,10 @@ def run(
 
 
 def _fits(w: Workload, loop: str) -> bool:
-    """An accept preset only where accept matters, a write preset only elsewhere."""
+    """An accept preset only where accept matters, a write preset only
+    elsewhere, the floor only where it has a server (echo-protocol)."""
+    if loops.SPECS[loops.preset(loop)].kind == "floor":
+        return w.server == "echo-protocol"
     settings = loops.SPECS[loops.preset(loop)].settings
     accept_workload = w.client in ("churn", "fairness")
     return not (("accept" in settings) and not accept_workload)

@@ -23,6 +23,10 @@ workload's, nothing else differs between loops):
   writes of ``--piece`` bytes made in one callback (what deferred writes
   coalesce);
 - ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB.
+
+``--loop floor`` (echo-protocol only) runs no event loop: :func:`serve_floor`
+is the least a Python echo server executes, so the CPU time per request of
+each loop can be read against what Python and the kernel cost here.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import json
 import mmap
 import os
 import resource
+import select
+import socket
 import sys
 import threading
 from typing import Any
@@ -138,12 +144,12 @@ def http_app() -> Any:
     return app
 
 
-def snapshot(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+def snapshot(loop: asyncio.AbstractEventLoop | None) -> dict[str, Any]:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # µs resolution; os.times() has ticks
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     mark: dict[str, Any] = {"cpu": usage.ru_utime + usage.ru_stime, "rss": rss}
-    statistics = getattr(loop, "statistics", None)
+    statistics = getattr(loop, "statistics", None) if loop is not None else None
     if callable(statistics):
         mark["statistics"] = statistics().as_dict()
     return mark
@@ -207,6 +213,95 @@ async def serve(args: argparse.Namespace) -> None:
         server.close()
 
 
+def serve_floor() -> None:
+    """The echo-protocol server without an event loop: the floor.
+
+    One epoll, accept until EAGAIN, ``recv_into`` one page-aligned buffer
+    (the placement matters here: see EchoBufferedProtocol) and ``send`` from
+    it, no copy; a short send keeps the rest and waits for EPOLLOUT with
+    input off, so it is a correct echo, not only a fast one.  No protocol,
+    transport, handle, flow control or statistics: what every loop adds to
+    a request is its CPU time above this one.  (benchmarks.instructions has
+    the same floor in instructions, driven in-process.)  The runner's marks
+    arrive over a socket pair from the stdin thread, as everything else here.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    listener.setblocking(False)
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    epoll = select.epoll()
+    epoll.register(listener.fileno(), select.EPOLLIN)
+    epoll.register(wake_r.fileno(), select.EPOLLIN)
+    view = memoryview(mmap.mmap(-1, READ_SIZE, flags=_PRIVATE_ANONYMOUS))
+    conns: dict[int, socket.socket] = {}
+    pending: dict[int, bytes] = {}
+
+    def control() -> None:
+        for line in sys.stdin:
+            if line.strip() == "mark":
+                wake_w.send(b"m")
+        wake_w.send(b"q")
+
+    def close(fd: int) -> None:
+        epoll.unregister(fd)
+        conns.pop(fd).close()
+        pending.pop(fd, None)
+
+    print(json.dumps({"listening": listener.getsockname()[1], "pid": os.getpid(),
+                      "loop": "floor", "relaxed": None}), flush=True)
+    threading.Thread(target=control, daemon=True).start()
+    lfd, wfd = listener.fileno(), wake_r.fileno()
+    running = True
+    while running:
+        for fd, mask in epoll.poll(-1, 1024):
+            sock = conns.get(fd)
+            if sock is not None:
+                try:
+                    if mask & select.EPOLLOUT:
+                        rest = pending[fd]
+                        sent = sock.send(rest)
+                        if sent < len(rest):
+                            pending[fd] = rest[sent:]
+                        else:
+                            del pending[fd]
+                            epoll.modify(fd, select.EPOLLIN)
+                        continue
+                    n = sock.recv_into(view)
+                    if not n:
+                        close(fd)
+                        continue
+                    sent = sock.send(view[:n])
+                    if sent < n:
+                        pending[fd] = bytes(view[sent:n])
+                        epoll.modify(fd, select.EPOLLOUT)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:  # a reset peer: its connection only
+                    close(fd)
+            elif fd == lfd:
+                while True:
+                    try:
+                        conn, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    conn.setblocking(False)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    conns[conn.fileno()] = conn
+                    epoll.register(conn.fileno(), select.EPOLLIN)
+            elif fd == wfd:
+                for byte in wake_r.recv(64):
+                    if byte == ord("m"):
+                        print(json.dumps(snapshot(None)), flush=True)
+                    else:
+                        running = False
+    for fd in list(conns):
+        close(fd)
+    listener.close()
+    epoll.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="one benchmark server (driven by the runner)")
     parser.add_argument("--kind", choices=KINDS, required=True)
@@ -216,6 +311,11 @@ def main() -> None:
     parser.add_argument("--piece", type=int, default=64, help="pieces: bytes per write")
     args = parser.parse_args()
     raise_fd_limit()
+    if args.loop == "floor":
+        if args.kind != "echo-protocol":
+            parser.error("--loop floor serves --kind echo-protocol only")
+        serve_floor()
+        return
     loop = loops.factory(args.loop)()
     try:
         loop.run_until_complete(serve(args))

@@ -219,6 +219,60 @@ def test_smoke_every_kind_of_workload(tmp_path: Path) -> None:
     assert any("echo-protocol-1k-c10" in line for line in lines)
 
 
+@pytest.mark.bench
+@pytest.mark.timeout(60)
+def test_floor_runs_on_echo_protocol_only() -> None:
+    floor_workloads = [WORKLOADS["echo-protocol-1k-c10"], WORKLOADS["http-0b"],
+                       WORKLOADS["echo-streams-1k-c10"]]
+    doc = runner.run(floor_workloads, ["floor"], duration=0.2, warmup=0.1, repeat=1,
+                     syscalls=False, progress=lambda line: None)
+    echo, http, streams = doc["workloads"]
+    assert echo["errors"] == {} and echo["loops"]["floor"]["median"]["cpu_us_per_unit"] > 0
+    assert "statistics" not in echo["loops"]["floor"]["samples"][0]
+    assert http["loops"] == {} and streams["loops"] == {}  # no floor server there
+    with pytest.raises(LookupError, match="not an event loop"):
+        loops.factory("floor")
+
+
+@pytest.mark.timeout(60)
+def test_floor_server_echoes_every_byte_through_short_sends() -> None:
+    """8 MiB written before any is read: the floor's sends come up short and
+    it must keep the rest (EPOLLOUT with input off), or the bytes differ."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    with subprocess.Popen([sys.executable, "-m", "benchmarks.server", "--kind",
+                           "echo-protocol", "--loop", "floor"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, cwd=runner.ROOT) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        try:
+            listening = json.loads(proc.stdout.readline())
+            assert listening["loop"] == "floor"
+            payload = bytes(range(256)) * (8 * 1024 * 4)  # 8 MiB
+            with socket.create_connection(("127.0.0.1", listening["listening"])) as conn:
+                conn.settimeout(30)
+                sender = threading.Thread(target=conn.sendall, args=(payload,))
+                sender.start()
+                got = bytearray()
+                while len(got) < len(payload):
+                    chunk = conn.recv(1 << 20)
+                    assert chunk, "the floor closed the connection"
+                    got += chunk
+                sender.join()
+            assert bytes(got) == payload
+            proc.stdin.write("mark\n")
+            proc.stdin.flush()
+            mark = json.loads(proc.stdout.readline())
+            assert mark["cpu"] > 0 and mark["rss"] > 0
+            proc.stdin.close()
+            assert proc.wait(timeout=10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
 # -- instructions per request (callgrind) ---------------------------------------------
 
 
