@@ -217,6 +217,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_sock_fd",
         "_sockname",
         "_tsock",
+        "_write_guard",
     )
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
@@ -294,6 +295,10 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._paused = False  # Set when pause_reading() is called.
         self._eof = False  # Set when write_eof() is called.
         self._empty_waiter: Any = None  # Set while loop.sendfile() waits.
+        # Set when write() must check the three above (after write_eof(),
+        # while sendfile waits, once the connection is lost); cleared only
+        # when sendfile ends with neither of the others.
+        self._write_guard = False
         self._queued = False  # Set while in the loop's write or feed queue.
         self._sending = False  # Set while _write_now runs resume_writing() (re-entrancy guard).
         self._polling_write = False  # Set while waiting for EPOLLOUT.
@@ -558,20 +563,21 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             raise TypeError(
                 f"data argument must be a bytes-like object, not {type(data).__name__!r}"
             )
-        if self._eof:
-            raise RuntimeError("Cannot call write() after write_eof()")
-        if self._empty_waiter is not None:
-            raise RuntimeError("unable to write; sendfile is in progress")
+        if self._write_guard:
+            # Stock's three refusals, in stock's order; one flag read instead
+            # of three while none applies (the flag's comment in __init__).
+            if self._eof:
+                raise RuntimeError("Cannot call write() after write_eof()")
+            if self._empty_waiter is not None:
+                raise RuntimeError("unable to write; sendfile is in progress")
+            if data and self._conn_lost:
+                self._drop_write_after_loss()
+                return
         if not data:
-            return
-        if self._conn_lost:
-            self._drop_write_after_loss()
             return
         if kind is memoryview and (data.ndim != 1 or data.format != "B"):  # type: ignore[union-attr]
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
         loop = self._loop
-        stats = loop._stats
-        stats.writes += 1
         if not self._buffer and (
             not loop._deferred_writes or (len(data) > self._high_water and not self._sending)
         ):
@@ -585,11 +591,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             # 2026-11-30: 125.5k vs 119.2k).  Not from resume_writing()
             # inside _write_now (_sending): there the write is appended and
             # _write_now decides, which re-pauses the protocol as before.
-            stats.send += 1
+            loop._stats.sent_at_once += 1  # one write, one send (Counters)
             try:
                 n = self._sock.send(data)  # type: ignore[union-attr]
             except (BlockingIOError, InterruptedError):
-                stats.send_eagain += 1
+                loop._stats.send_eagain += 1
                 n = 0
             except (SystemExit, KeyboardInterrupt):
                 raise
@@ -598,11 +604,13 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 return
             if n == len(data):
                 return
-            stats.partial_writes += 1
+            loop._stats.partial_writes += 1
             self._append(memoryview(data)[n:] if n else data)
             self._after_short_write()
             self._maybe_pause_protocol()
             return
+        stats = loop._stats
+        stats.writes += 1
         if kind is bytes:
             if self._buffer is _NO_BUFFER:  # bytes: no copy needed
                 self._buffer = [data]  # type: ignore[list-item]
@@ -664,6 +672,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
             _compat.transport_logger().warning("socket.send() raised exception.")
         self._conn_lost += 1
+        self._write_guard = True
 
     def _append(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer *data*, copying what the caller could mutate afterwards."""
@@ -807,6 +816,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if self._closing:
             self._conn_lost += 1
+            self._write_guard = True
             self._call_connection_lost(None)
         elif self._eof:
             self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
@@ -827,6 +837,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._closing or self._eof:
             return
         self._eof = True
+        self._write_guard = True
         if not self._buffer:
             self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
 
@@ -836,12 +847,14 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._empty_waiter is not None:
             raise RuntimeError("Empty waiter is already set")
         self._empty_waiter = self._loop.create_future()
+        self._write_guard = True
         if not self._buffer:
             self._empty_waiter.set_result(None)
         return self._empty_waiter
 
     def _reset_empty_waiter(self) -> None:
         self._empty_waiter = None
+        self._write_guard = self._eof or bool(self._conn_lost)
 
     # -- closing ----------------------------------------------------------
 
@@ -852,6 +865,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._loop._remove_reader(self._sock_fd)
         if not self._buffer:
             self._conn_lost += 1
+            self._write_guard = True
             self._loop.call_soon(self._call_connection_lost, None)
         # Otherwise the last flush or EPOLLOUT that empties the buffer calls
         # _call_connection_lost: data written before close() is delivered.
@@ -888,6 +902,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._closing = True
             self._loop._remove_reader(self._sock_fd)
         self._conn_lost += 1
+        self._write_guard = True
         self._loop.call_soon(self._call_connection_lost, exc)
 
     def _release_fd(self) -> None:

@@ -261,6 +261,26 @@ def test_write_eof_half_close(loop: asyncio.AbstractEventLoop) -> None:
     run(loop, main())
 
 
+def test_write_after_close_is_dropped(loop: asyncio.AbstractEventLoop) -> None:
+    """Once close() has scheduled connection_lost (nothing left to send),
+    stock drops later writes: the peer gets what came before, then EOF."""
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        proto = Recorder()
+        transport = await attach(a, proto)
+        transport.write(b"before")
+        for _ in range(3):  # a deferred write's flush has run
+            await asyncio.sleep(0)
+        transport.close()
+        transport.write(b"after")
+        assert await read_to_eof(b) == b"before"
+        assert await proto.lost is None
+        b.close()
+
+    run(loop, main())
+
+
 def test_peer_reset_reports_once(loop: asyncio.AbstractEventLoop, loop_name: str) -> None:
     async def main() -> None:
         a, b = stalled_pair()

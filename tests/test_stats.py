@@ -47,12 +47,24 @@ def test_counters_start_at_zero() -> None:
 
 
 def test_counters_are_slots_without_dict() -> None:
-    """Counters has one slot per counter and no __dict__, so typos fail."""
+    """Counters has one slot per counter (and the one internal sum) and no
+    __dict__, so typos fail."""
     counters = Counters()
-    assert Counters.__slots__ == tuple(NAMES)
+    assert Counters.__slots__ == (*NAMES, "sent_at_once")
     assert not hasattr(counters, "__dict__")
     with pytest.raises(AttributeError):
         counters.poll_wait = 1  # type: ignore[attr-defined]
+
+
+def test_sent_at_once_counts_one_write_and_one_send() -> None:
+    """The transport's fast path counts a write sent at once in one slot;
+    the snapshot shows it as a write and as a send, and reset() clears it."""
+    counters = Counters()
+    counters.writes, counters.send, counters.sent_at_once = 2, 3, 5
+    snap = counters.snapshot("epoll")
+    assert (snap.writes, snap.send, snap.syscalls) == (7, 8, 8)
+    counters.reset()
+    assert counters.sent_at_once == 0 and counters.snapshot("epoll").send == 0
 
 
 def test_reset_zeroes_every_counter() -> None:

@@ -111,7 +111,7 @@ def test_sendfile(loop: asyncio.AbstractEventLoop, loop_name: str, tmp_path: Any
         class Sink(asyncio.Protocol):
             def data_received(self, data: bytes) -> None:
                 got.extend(data)
-                if len(got) == len(blob) + 5:
+                if len(got) == len(blob) + 9:
                     done.set_result(None)
 
         server = await loop.create_server(Sink, "127.0.0.1", 0)
@@ -119,10 +119,15 @@ def test_sendfile(loop: asyncio.AbstractEventLoop, loop_name: str, tmp_path: Any
         transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
         transport.write(b"head:")
         with path.open("rb") as f:
-            sent = await loop.sendfile(transport, f)
+            sending = asyncio.ensure_future(loop.sendfile(transport, f))
+            await asyncio.sleep(0)  # it has started: writes are refused until it ends
+            with pytest.raises(RuntimeError, match="unable to write; sendfile is in progress"):
+                transport.write(b"in between")
+            sent = await sending
         assert sent == len(blob)
+        transport.write(b"tail")  # accepted again
         await done
-        assert bytes(got) == b"head:" + blob
+        assert bytes(got) == b"head:" + blob + b"tail"
         transport.close()
         server.close()
         await server.wait_closed()
