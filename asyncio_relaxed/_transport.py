@@ -209,7 +209,6 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_protocol",
         "_protocol_connected",
         "_queued",
-        "_read_ready_cb",
         "_recv_size",
         "_sending",
         "_server",
@@ -276,7 +275,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._sock = sock
         self._sock_fd = sock.fileno()
         self._protocol_connected = False
-        self._read_ready_cb: Any = None
+        self._protocol: Any = None  # set_protocol() compares with the previous one
         # recv() size for the next read while reads are small (SMALL_READ
         # or less) or streaming (read_size); in buffer mode (recv_into the
         # loop's buffer) 0, or -1 after one short read.
@@ -352,22 +351,31 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     # -- protocol and state ---------------------------------------------
 
     def set_protocol(self, protocol: Any) -> None:
-        old = self._read_ready_cb
-        if isinstance(protocol, protocols.BufferedProtocol):
-            self._read_ready_cb = self._read_ready__get_buffer
-        else:
-            self._read_ready_cb = self._read_ready__data_received
+        old = self._protocol
         self._protocol = protocol
         self._protocol_connected = True
-        if old is not None and old != self._read_ready_cb:
+        if old is not None and (isinstance(old, protocols.BufferedProtocol)
+                                != isinstance(protocol, protocols.BufferedProtocol)):
             # The poller holds the old kind's read method: swap it (same
             # mask, so no system call).
+            if isinstance(old, protocols.BufferedProtocol):
+                old_method = self._read_ready__get_buffer
+            else:
+                old_method = self._read_ready__data_received
             try:
                 reader = self._loop._selector.get_key(self._sock_fd).data[0]
             except (KeyError, ValueError, AttributeError):
                 return
-            if reader is not None and not reader._cancelled and reader._callback == old:
+            if reader is not None and not reader._cancelled and reader._callback == old_method:
                 self._loop._add_reader(self._sock_fd, self._read_ready_cb)
+
+    @property
+    def _read_ready_cb(self) -> Any:
+        """The protocol kind's read method (stock's attribute), derived from
+        the protocol instead of kept: a slot less per connection."""
+        if isinstance(self._protocol, protocols.BufferedProtocol):
+            return self._read_ready__get_buffer
+        return self._read_ready__data_received
 
     def _set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         if high is None and low is None:

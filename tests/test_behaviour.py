@@ -130,6 +130,51 @@ def test_buffered_protocol_gets_recv_into(loop: asyncio.AbstractEventLoop) -> No
     run(loop, main())
 
 
+def test_set_protocol_switches_the_kind_of_read(loop: asyncio.AbstractEventLoop) -> None:
+    """Protocol -> BufferedProtocol -> Protocol on a reading transport (as
+    start_tls does): each protocol gets what arrives while it is set, by its
+    own kind of callback."""
+
+    class Buffered(asyncio.BufferedProtocol):
+        def __init__(self) -> None:
+            self.buf = bytearray(64)
+            self.received = bytearray()
+            self.got = asyncio.Event()
+
+        def get_buffer(self, sizehint: int) -> bytearray:
+            return self.buf
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.received += self.buf[:nbytes]
+            self.got.set()
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            pass
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        first = Recorder()
+        transport = await attach(a, first)
+        b.sendall(b"one")
+        await asyncio.wait_for(first.got_data.wait(), 5)
+        second = Buffered()
+        transport.set_protocol(second)
+        b.sendall(b"two")
+        await asyncio.wait_for(second.got.wait(), 5)
+        third = Recorder()
+        transport.set_protocol(third)
+        b.sendall(b"three")
+        await asyncio.wait_for(third.got_data.wait(), 5)
+        assert (bytes(first.data), bytes(second.received), bytes(third.data)) == (
+            b"one", b"two", b"three")
+        assert transport.get_protocol() is third
+        transport.close()
+        await third.lost
+        b.close()
+
+    run(loop, main())
+
+
 def test_streams_echo_unix(loop: asyncio.AbstractEventLoop, tmp_path: Any) -> None:
     path = str(tmp_path / "echo.sock")
 
