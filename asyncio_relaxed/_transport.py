@@ -220,6 +220,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     )
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
+    _protocol: Any  # None once connection_lost has run
 
     # Read by base_events.start_tls and base_events.sendfile.
     _start_tls_compatible = True
@@ -275,7 +276,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         self._sock = sock
         self._sock_fd = sock.fileno()
         self._protocol_connected = False
-        self._protocol: Any = None  # set_protocol() compares with the previous one
+        self._protocol = None  # set_protocol() compares with the previous one
         # recv() size for the next read while reads are small (SMALL_READ
         # or less) or streaming (read_size); in buffer mode (recv_into the
         # loop's buffer) 0, or -1 after one short read.
