@@ -570,7 +570,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         kind = type(data)
         if kind is not bytes and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
-                f"data argument must be a bytes-like object, not {type(data).__name__!r}"
+                f"data argument must be a bytes-like object, not {kind.__name__!r}"
             )
         if self._write_guard:
             # Stock's three refusals, in stock's order; one flag read instead
