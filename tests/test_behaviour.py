@@ -51,6 +51,29 @@ class Recorder(asyncio.Protocol):
             self.lost.set_result(exc)
 
 
+class BufferedRecorder(asyncio.BufferedProtocol):
+    """Collects what a BufferedProtocol is given (a small buffer: many reads)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(100)
+        self.received = bytearray()
+        self.got_data = asyncio.Event()
+        self.done: asyncio.Future[bytes] = asyncio.get_event_loop().create_future()
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.received += self.buf[:nbytes]
+        self.got_data.set()
+
+    def eof_received(self) -> None:
+        self.done.set_result(bytes(self.received))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        pass
+
+
 async def drain_socket(sock: socket.socket, nbytes: int) -> bytes:
     loop = asyncio.get_running_loop()
     sock.setblocking(False)  # loop.sock_* insist in debug mode
@@ -98,27 +121,9 @@ def test_tcp_echo_protocol(loop: asyncio.AbstractEventLoop, size: int) -> None:
 
 
 def test_buffered_protocol_gets_recv_into(loop: asyncio.AbstractEventLoop) -> None:
-    class Buffered(asyncio.BufferedProtocol):
-        def __init__(self) -> None:
-            self.buf = bytearray(100)
-            self.received = bytearray()
-            self.done = loop.create_future()
-
-        def get_buffer(self, sizehint: int) -> bytearray:
-            return self.buf
-
-        def buffer_updated(self, nbytes: int) -> None:
-            self.received += self.buf[:nbytes]
-
-        def eof_received(self) -> None:
-            self.done.set_result(bytes(self.received))
-
-        def connection_lost(self, exc: BaseException | None) -> None:
-            pass
-
     async def main() -> None:
         a, b = socket.socketpair()
-        proto = Buffered()
+        proto = BufferedRecorder()
         transport = await attach(a, proto)
         payload = b"0123456789" * 1000
         b.sendall(payload)
@@ -135,32 +140,16 @@ def test_set_protocol_switches_the_kind_of_read(loop: asyncio.AbstractEventLoop)
     start_tls does): each protocol gets what arrives while it is set, by its
     own kind of callback."""
 
-    class Buffered(asyncio.BufferedProtocol):
-        def __init__(self) -> None:
-            self.buf = bytearray(64)
-            self.received = bytearray()
-            self.got = asyncio.Event()
-
-        def get_buffer(self, sizehint: int) -> bytearray:
-            return self.buf
-
-        def buffer_updated(self, nbytes: int) -> None:
-            self.received += self.buf[:nbytes]
-            self.got.set()
-
-        def connection_lost(self, exc: BaseException | None) -> None:
-            pass
-
     async def main() -> None:
         a, b = socket.socketpair()
         first = Recorder()
         transport = await attach(a, first)
         b.sendall(b"one")
         await asyncio.wait_for(first.got_data.wait(), 5)
-        second = Buffered()
+        second = BufferedRecorder()
         transport.set_protocol(second)
         b.sendall(b"two")
-        await asyncio.wait_for(second.got.wait(), 5)
+        await asyncio.wait_for(second.got_data.wait(), 5)
         third = Recorder()
         transport.set_protocol(third)
         b.sendall(b"three")
