@@ -680,8 +680,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         warns once the count passes LOG_THRESHOLD_FOR_CONNLOST_WRITES)."""
         if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
             _compat.transport_logger().warning("socket.send() raised exception.")
-        self._conn_lost += 1
-        self._write_guard = True
+        self._conn_lost += 1  # _write_guard is set already (with the first _conn_lost)
 
     def _append(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer *data*, copying what the caller could mutate afterwards."""
@@ -773,8 +772,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 # resume_writing() wrote more after everything went out.
                 self._queued = True
                 self._loop._write_queue.append(self)
-        elif (self._feeds or self._polling_write or self._closing or self._eof
-              or self._empty_waiter is not None):
+        elif self._feeds or self._polling_write or self._closing or self._write_guard:
+            # _write_guard: write_eof() or sendfile waits (a lost connection
+            # is closing too), the cases _write_done has work for.
             self._write_done()
         # else: _write_done would find nothing to do (the common case of a
         # deferred write, so its call is skipped).
