@@ -300,6 +300,8 @@ def serve_floor() -> None:
         close(fd)
     listener.close()
     epoll.close()
+    wake_r.close()
+    wake_w.close()
 
 
 def main() -> None:
