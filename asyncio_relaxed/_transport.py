@@ -355,28 +355,28 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         old = self._protocol
         self._protocol = protocol
         self._protocol_connected = True
-        if old is not None and (isinstance(old, protocols.BufferedProtocol)
-                                != isinstance(protocol, protocols.BufferedProtocol)):
+        if old is not None and self._read_method(old) != self._read_ready_cb:
             # The poller holds the old kind's read method: swap it (same
             # mask, so no system call).
-            if isinstance(old, protocols.BufferedProtocol):
-                old_method = self._read_ready__get_buffer
-            else:
-                old_method = self._read_ready__data_received
             try:
                 reader = self._loop._selector.get_key(self._sock_fd).data[0]
             except (KeyError, ValueError, AttributeError):
                 return
-            if reader is not None and not reader._cancelled and reader._callback == old_method:
+            if (reader is not None and not reader._cancelled
+                    and reader._callback == self._read_method(old)):
                 self._loop._add_reader(self._sock_fd, self._read_ready_cb)
+
+    def _read_method(self, protocol: Any) -> Any:
+        """The read method for *protocol*'s kind (buffered or not)."""
+        if isinstance(protocol, protocols.BufferedProtocol):
+            return self._read_ready__get_buffer
+        return self._read_ready__data_received
 
     @property
     def _read_ready_cb(self) -> Any:
         """The protocol kind's read method (stock's attribute), derived from
         the protocol instead of kept: a slot less per connection."""
-        if isinstance(self._protocol, protocols.BufferedProtocol):
-            return self._read_ready__get_buffer
-        return self._read_ready__data_received
+        return self._read_method(self._protocol)
 
     def _set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         if high is None and low is None:
