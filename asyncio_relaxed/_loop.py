@@ -759,21 +759,28 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 else:
                     ran += 1
                     try:
-                        if not inline:
-                            writer._run()
-                        elif writer._args:
-                            writer._context.run(writer._callback, *writer._args)
-                        else:
-                            writer._context.run(writer._callback)
+                        self._run_handle(writer, inline)  # EPOLLOUT: rare, a frame is fine
                     except (SystemExit, KeyboardInterrupt):
                         self._requeue(event_list, event, None)
                         raise
-                    except BaseException as exc:
-                        self._callback_failed(writer, exc)
         # As Handle._run's "self = None": a traceback kept by whoever got an
         # exception holds this frame; it must not hold the batch too.
         event_list = event = reader = writer = None  # type: ignore[assignment]
         return ran
+
+    def _run_handle(self, handle: Any, inline: bool) -> None:
+        """Run *handle* as Handle._run does (its frame left out when *inline*);
+        the hot paths (readers, the ready queue) repeat this in place."""
+        if not inline:
+            handle._run()
+            return
+        try:
+            handle._context.run(handle._callback, *handle._args)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._callback_failed(handle, exc)
+        handle = None  # as Handle._run's "self = None" (a kept traceback)
 
     def _callback_failed(self, handle: Any, exc: BaseException) -> None:
         """Report a callback's exception as Handle._run does (3.10-3.13)."""

@@ -479,13 +479,14 @@ def test_extra_info_matches_the_socket(loop: asyncio.AbstractEventLoop, loop_nam
     run(loop, main())
 
 
-def test_reader_exception_reaches_the_handler_as_stock_reports_it(
-    loop: asyncio.AbstractEventLoop, loop_name: str, loop_errors: Any
+@pytest.mark.parametrize("direction", ["reader", "writer"])
+def test_io_callback_exception_reaches_the_handler_as_stock_reports_it(
+    loop: asyncio.AbstractEventLoop, loop_name: str, loop_errors: Any, direction: str
 ) -> None:
-    """An add_reader callback that raises: the handler gets the message,
-    exception and handle Handle._run gives it (ours runs I/O callbacks
-    without Handle._run's frame when nothing else is ready), and the loop
-    goes on."""
+    """An add_reader or add_writer callback that raises: the handler gets
+    the message, exception and handle Handle._run gives it (ours runs I/O
+    callbacks without Handle._run's frame when nothing else is ready), and
+    the loop goes on."""
     a, b = socket.socketpair()
     a.setblocking(False)
     loop_errors.expect("Exception in callback")
@@ -493,25 +494,32 @@ def test_reader_exception_reaches_the_handler_as_stock_reports_it(
 
     def failing() -> None:
         calls.append(1)
-        a.recv(100)
-        raise ZeroDivisionError("from the reader")
+        if direction == "reader":
+            a.recv(100)
+        elif len(calls) > 1:
+            return  # always writable: called until main() removes it, raising once
+        raise ZeroDivisionError(f"from the {direction}")
 
     async def main() -> None:
-        loop.add_reader(a.fileno(), failing)
-        b.send(b"x")
+        if direction == "reader":
+            loop.add_reader(a.fileno(), failing)
+            b.send(b"x")
+        else:
+            loop.add_writer(a.fileno(), failing)
         for _ in range(100):
             await asyncio.sleep(0.001)
             if calls:
                 break
         await asyncio.sleep(0.01)
         loop.remove_reader(a.fileno())
+        loop.remove_writer(a.fileno())
 
     try:
         run(loop, main())
     finally:
         a.close()
         b.close()
-    assert calls == [1]
+    assert calls == [1] if direction == "reader" else calls
     [context] = loop_errors.contexts
     assert isinstance(context["exception"], ZeroDivisionError)
     if loop_name != "uvloop":  # uvloop's text and keys are its own
