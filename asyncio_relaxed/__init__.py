@@ -12,12 +12,11 @@ variables (see :class:`Config`); ``loop.statistics()`` returns the counters.
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import warnings
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from . import _compat
 from ._config import AcceptStrategy, Config, PartialWrite, Poller, WriteMode, resolve
 from ._loop import Loop
 from ._stats import COUNTERS, LoopStatistics
@@ -55,49 +54,19 @@ def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None, **options: 
     def factory() -> Loop:
         return Loop(**options)
 
-    if sys.version_info >= (3, 12):
-        return asyncio.run(main, debug=debug, loop_factory=factory)  # type: ignore[no-any-return]
-    if sys.version_info >= (3, 11):
-        with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
-            return runner.run(main)  # type: ignore[no-any-return]
-    return _run_310(main, debug, factory)  # type: ignore[no-any-return]
-
-
-def _run_310(main: Any, debug: bool | None, factory: Any) -> Any:
-    """asyncio.run of 3.10, with a loop factory."""
-    from asyncio import coroutines, events
-
-    from . import _compat
-
-    if events._get_running_loop() is not None:
-        raise RuntimeError("asyncio.run() cannot be called from a running event loop")
-    if not coroutines.iscoroutine(main):
-        raise ValueError(f"a coroutine was expected, got {main!r}")
-    loop = factory()
-    try:
-        events.set_event_loop(loop)
-        if debug is not None:
-            loop.set_debug(debug)
-        return loop.run_until_complete(main)
-    finally:
-        try:
-            _compat.cancel_all_tasks(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            events.set_event_loop(None)
-            loop.close()
+    return _compat.run(main, debug, factory)  # type: ignore[no-any-return]
 
 
 def __getattr__(name: str) -> Any:
     # Policies are loaded lazily and deprecated from 3.14, like CPython's.
     if name in ("EventLoopPolicy", "install"):
-        if sys.version_info >= (3, 16):
+        if _compat.PY316 or _compat.base_default_policy() is None:
             raise AttributeError(
-                f"asyncio_relaxed.{name} is gone on Python 3.16+, as asyncio's policies "
-                "are; use asyncio_relaxed.run() or loop_factory=asyncio_relaxed.new_event_loop"
+                f"asyncio_relaxed.{name} needs asyncio's policy system, which this Python "
+                "does not have (CPython 3.16 removed it); use asyncio_relaxed.run(main()) "
+                "or loop_factory=asyncio_relaxed.new_event_loop"
             )
-        if sys.version_info >= (3, 14):
+        if _compat.PY314:
             warnings.warn(
                 f"asyncio_relaxed.{name} is deprecated, as asyncio's policies are since "
                 "Python 3.14; use asyncio_relaxed.run() or "

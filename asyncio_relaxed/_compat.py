@@ -1,13 +1,16 @@
 """Every use of CPython's private asyncio names, in one place.
 
-Checked against CPython 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (the pyenv builds
-the conformance run uses); 3.14 by reading its sources.  When a name moves,
-this is the only module to change.
+Checked against CPython 3.11.7, 3.12.1, 3.13.0 (pyenv builds), 3.14.10 and
+3.15.2 (Debian's), the interpreters the conformance run uses.  When a name
+moves, this is the module to change: the rest of the package reads private
+layouts and asks "is this still stock's?" only through the names below
+(tests/test_layering.py checks that).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import sys
@@ -33,7 +36,10 @@ __all__ = [
     "MIN_SCHEDULED_TIMER_HANDLES",
     "PY312",
     "PY314",
+    "PY315",
+    "PY316",
     "SENDFILE_TRY_NATIVE",
+    "STOCK_GET_EXTRA_INFO",
     "STOCK_HANDLE_RUN",
     "STOCK_PROCESS_EVENTS",
     "TRANSPORT_EXTRA_SLOT",
@@ -41,12 +47,17 @@ __all__ = [
     "Handle",
     "SSLProtocol",
     "SelectorEventLoop",
+    "SlotsWithDict",
     "TransportSocket",
     "base_default_policy",
-    "cancel_all_tasks",
+    "end_time",
+    "events",
     "format_callback_source",
     "format_handle",
     "loop_logger",
+    "new_handle",
+    "run",
+    "server_active_count",
     "server_attach",
     "server_detach",
     "set_nodelay",
@@ -62,6 +73,12 @@ _selector_events: Any = selector_events
 
 PY312 = sys.version_info >= (3, 12)
 PY314 = sys.version_info >= (3, 14)
+#: 3.15 carries a server's context variables into its connections
+#: (gh-140947): ``context=`` through _start_serving, _accept_connection,
+#: _make_socket_transport and the transports' callbacks.
+PY315 = sys.version_info >= (3, 15)
+#: CPython's main branch for 3.16 has no policy system (gh-127949).
+PY316 = sys.version_info >= (3, 16)
 
 # Typed as Any: typeshed does not declare the private attributes the loop
 # overrides and reads (_ready, _scheduled, _selector, _process_events, ...).
@@ -85,10 +102,11 @@ MIN_CANCELLED_TIMER_HANDLES_FRACTION: float = (
     _base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 )
 
-# ssl_handshake_timeout, and ssl_shutdown_timeout from 3.11: the trailing
-# positional arguments of _start_serving/_accept_connection/_accept_connection2.
-DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (_constants.SSL_HANDSHAKE_TIMEOUT,) + (
-    (_constants.SSL_SHUTDOWN_TIMEOUT,) if sys.version_info >= (3, 11) else ()
+# ssl_handshake_timeout and ssl_shutdown_timeout: the trailing positional
+# arguments of _start_serving/_accept_connection/_accept_connection2.
+DEFAULT_SSL_TIMEOUTS: tuple[float, ...] = (
+    _constants.SSL_HANDSHAKE_TIMEOUT,
+    _constants.SSL_SHUTDOWN_TIMEOUT,
 )
 
 format_handle: Any = _base_events._format_handle
@@ -96,17 +114,52 @@ format_handle: Any = _base_events._format_handle
 set_nodelay: Any = _base_events._set_nodelay
 set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 
-# Handle._run as this Python defines it.  The loop's direct dispatch inlines
-# it only while it is still this function: instrumentation replaces it
-# (aiodebug's slow-callback logging) and must keep seeing I/O callbacks.
+# -- handles --------------------------------------------------------------
+#
+# The loop's fast paths make and run handles without stock's frames.  Both
+# are safe only while asyncio's Handle is the class these lines were checked
+# against; each fast path asks the predicate named here before it takes the
+# shortcut, and takes stock's way otherwise.
+
+#: asyncio.events, whose ``Handle`` the loop looks up per call as stock does
+#: (a test or a library may replace it).
 Handle: Any = events.Handle
+
+#: Handle._run as this Python defines it.  A handle runs without this frame
+#: only while ``type(handle)._run is STOCK_HANDLE_RUN``: instrumentation that
+#: replaces it (aiodebug's slow-callback logging) must keep seeing every call,
+#: and 3.14's ``_ThreadSafeHandle`` (call_soon_threadsafe) overrides it to
+#: hold the lock a cross-thread cancel() waits on.
 STOCK_HANDLE_RUN: Any = events.Handle._run
+
+# Handle.__init__'s fields, identical in every version above.
+_HANDLE_SLOTS = ("_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr",
+                 "__weakref__", "_context")
+assert events.Handle.__slots__ == _HANDLE_SLOTS, events.Handle.__slots__
+_new_object: Any = object.__new__
+_copy_context = contextvars.copy_context
+
+
+def new_handle(callback: Any, args: tuple[Any, ...], loop: Any, context: Any) -> Any:
+    """``Handle(callback, args, loop, context)`` outside debug mode, without
+    the __init__ frame and its get_debug() call (debug mode records where the
+    handle was made: stock's constructor then runs as is)."""
+    handle = _new_object(Handle)
+    handle._context = _copy_context() if context is None else context
+    handle._loop = loop
+    handle._callback = callback
+    handle._args = args
+    handle._cancelled = False
+    handle._repr = None
+    handle._source_traceback = None
+    return handle
+
+
 # The selector loop's _process_events: a subclass or a patch that replaces it
 # gets stock's (key, mask) pairs, not the poller's (fd, data, mask).
 STOCK_PROCESS_EVENTS: Any = selector_events.BaseSelectorEventLoop._process_events  # type: ignore[attr-defined]
 
-# BaseTransport's storage slot for _extra, under the transport's property.
-TRANSPORT_EXTRA_SLOT: Any = transports.BaseTransport.__dict__["_extra"]
+
 def format_callback_source(callback: Any, args: Any, debug: bool) -> str:
     """The "Exception in callback ..." text of Handle._run (3.13 added *debug*)."""
     source: Any = format_helpers._format_callback_source
@@ -114,20 +167,55 @@ def format_callback_source(callback: Any, args: Any, debug: bool) -> str:
         return source(callback, args, debug=debug)  # type: ignore[no-any-return]
     return source(callback, args)  # type: ignore[no-any-return]
 
+
+if PY315:
+    import math as _math
+
+    def end_time(now: float, resolution: float) -> float:
+        """The end of the due-timer window of one iteration: 3.15 makes it
+        strictly increasing where the clock resolution is below the float
+        spacing of *now* (math.ulp)."""
+        return now + max(resolution, _math.ulp(now))
+else:
+    def end_time(now: float, resolution: float) -> float:
+        """The end of the due-timer window of one iteration (stock's)."""
+        return now + resolution
+
+# -- transports -----------------------------------------------------------
+
+class SlotsWithDict(type):
+    """Metaclass of a class whose state is all in __slots__ but which keeps a
+    ``__dict__`` for what callers set on its instances (tests patch methods).
+
+    CPython 3.13+ gives each instance of such a class room for inline
+    ``__dict__`` values, one entry per name in the class's
+    ``__static_attributes__`` (every ``self.name = ...`` in its methods).
+    Here every such name is a slot, so that room is never used: 30 entries,
+    256 bytes per transport on 3.14 (tests/test_memory.py).  Dropping the
+    tuple from the class body leaves the dict to be made on first use, as it
+    is before 3.13.
+    """
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
+                **kwargs: Any) -> Any:
+        namespace.pop("__static_attributes__", None)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+
+# BaseTransport's storage slot for _extra, under the transport's property.
+TRANSPORT_EXTRA_SLOT: Any = transports.BaseTransport.__dict__["_extra"]
+#: BaseTransport.get_extra_info.  The transport answers the address keys
+#: from its own slots only while the method its bases give it is still this
+#: one: a class-level patch of asyncio.Transport.get_extra_info (tests do
+#: that) must reach our transports as it reaches stock's.
+STOCK_GET_EXTRA_INFO: Any = transports.BaseTransport.get_extra_info
+
+# -- servers ----------------------------------------------------------------
+
 # Server._attach/_detach take the transport since 3.13 (Server.close_clients).
 _ATTACH_TAKES_TRANSPORT = (
     len(inspect.signature(_base_events.Server._attach).parameters) == 2
 )
-
-
-def loop_logger() -> logging.Logger:
-    """asyncio's logger as base_events sees it now (tests patch it there)."""
-    return _base_events.logger  # type: ignore[no-any-return]
-
-
-def transport_logger() -> logging.Logger:
-    """asyncio's logger as selector_events sees it now (tests patch it there)."""
-    return _selector_events.logger  # type: ignore[no-any-return]
 
 
 def server_attach(server: Any, transport: Any) -> None:
@@ -147,7 +235,7 @@ def server_detach(server: Any, transport: Any) -> None:
 def server_active_count(server: Any) -> int:
     """Open transports of an asyncio Server (attached in the transport's
     __init__, detached at connection_lost): Server._active_count on
-    3.10-3.12, the size of Server._clients (a WeakSet of them) from 3.13."""
+    3.11-3.12, the size of Server._clients (a WeakSet of them) from 3.13."""
     count = getattr(server, "_active_count", None)
     if count is not None:
         return int(count)
@@ -155,25 +243,56 @@ def server_active_count(server: Any) -> int:
     return len(clients) if clients is not None else 1
 
 
-def cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """asyncio.runners._cancel_all_tasks, for run() on 3.10."""
-    from asyncio import runners
+# -- running --------------------------------------------------------------------
 
-    runners._cancel_all_tasks(loop)  # type: ignore[attr-defined]
+
+def run(main: Any, debug: bool | None, loop_factory: Any) -> Any:
+    """asyncio.run(main) on a loop from *loop_factory* (3.12 added the
+    argument; 3.11 has asyncio.Runner, which takes it)."""
+    if sys.version_info >= (3, 12):
+        return asyncio.run(main, debug=debug, loop_factory=loop_factory)
+    with asyncio.Runner(debug=debug, loop_factory=loop_factory) as runner:
+        return runner.run(main)
+
+
+# -- loggers ------------------------------------------------------------------
+
+
+def loop_logger() -> logging.Logger:
+    """asyncio's logger as base_events sees it now (tests patch it there)."""
+    return _base_events.logger  # type: ignore[no-any-return]
+
+
+def transport_logger() -> logging.Logger:
+    """asyncio's logger as selector_events sees it now (tests patch it there)."""
+    return _selector_events.logger  # type: ignore[no-any-return]
+
+
+# -- policies -----------------------------------------------------------------
 
 
 def base_default_policy() -> Any:
-    """The class our EventLoopPolicy derives from.
+    """The class our EventLoopPolicy derives from, or None where asyncio has
+    no policy system (removed on CPython's main branch for 3.16, gh-127949).
 
-    asyncio.DefaultEventLoopPolicy is deprecated from 3.14 (accessing it
-    warns); the class behind it is reached without the warning.
+    asyncio.DefaultEventLoopPolicy is deprecated from 3.14 (reading it warns);
+    the class behind it is reached without the warning.
     """
     if PY314:
         if sys.platform == "win32":
             from asyncio import windows_events
 
-            return windows_events._DefaultEventLoopPolicy  # type: ignore[attr-defined]
+            return getattr(windows_events, "_DefaultEventLoopPolicy", None)
         from asyncio import unix_events
 
-        return unix_events._UnixDefaultEventLoopPolicy
-    return asyncio.DefaultEventLoopPolicy
+        return getattr(unix_events, "_UnixDefaultEventLoopPolicy", None)
+    return getattr(asyncio, "DefaultEventLoopPolicy", None)
+
+
+def set_event_loop_policy(policy: Any) -> None:
+    """asyncio.set_event_loop_policy without 3.14's deprecation warning (the
+    caller of install() was warned already, at its own line)."""
+    setter: Any = getattr(events, "_set_event_loop_policy", None)
+    if setter is None:
+        setter = asyncio.set_event_loop_policy
+    setter(policy)

@@ -34,7 +34,7 @@ __all__ = [
 ENV_PREFIX = "ASYNCIO_RELAXED_"
 
 
-class WriteMode(str, enum.Enum):
+class WriteMode(enum.StrEnum):
     """When ``transport.write()`` touches the socket."""
 
     #: Send at once when nothing is buffered (stock asyncio, uvloop 0.23).
@@ -43,11 +43,8 @@ class WriteMode(str, enum.Enum):
     #: iteration, coalescing its buffers into one ``sendmsg`` (uvloop <= 0.22).
     DEFERRED = "deferred"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class PartialWrite(str, enum.Enum):
+class PartialWrite(enum.StrEnum):
     """What follows a short send (the kernel took only part of the data)."""
 
     #: Wait for the socket to become writable (EPOLLOUT), as stock asyncio.
@@ -56,11 +53,8 @@ class PartialWrite(str, enum.Enum):
     #: queue), at most ``feed_limit`` times in a row, then fall back to POLL.
     FEED = "feed"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class AcceptStrategy(str, enum.Enum):
+class AcceptStrategy(enum.StrEnum):
     """How many connections a listener accepts per readiness event."""
 
     #: Up to ``accept_batch`` accepts per event (stock asyncio, bpo-27906):
@@ -83,20 +77,14 @@ class AcceptStrategy(str, enum.Enum):
     #: _loop.py, above accept_queue_length.
     BALANCED = "balanced"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Poller(str, enum.Enum):
+class Poller(enum.StrEnum):
     """Which kernel interface waits for I/O."""
 
     AUTO = "auto"
     EPOLL = "epoll"
     POLL = "poll"
     SELECT = "select"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _field(default: Any, *, unit: str, why: str) -> Any:

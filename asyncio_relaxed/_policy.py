@@ -2,12 +2,12 @@
 
 Prefer ``asyncio_relaxed.run(main())`` or a loop factory.  Like CPython's own
 policies, these warn with DeprecationWarning from Python 3.14 (the package's
-``__getattr__`` issues it) and will go where CPython removes policies.
+``__getattr__`` issues it, at the caller's line) and are absent where asyncio
+has no policy system (3.16).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from . import _compat
@@ -34,4 +34,4 @@ class EventLoopPolicy(_compat.base_default_policy()):  # type: ignore[misc]
 
 def install(**options: Any) -> None:
     """Make :class:`Loop` the loop of ``asyncio.new_event_loop()`` and friends."""
-    asyncio.set_event_loop_policy(EventLoopPolicy(**options))
+    _compat.set_event_loop_policy(EventLoopPolicy(**options))

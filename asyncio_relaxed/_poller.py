@@ -46,8 +46,8 @@ epoll's sharp edges, and what we do about each
    ``socket.dup``) can no longer be removed by number: epoll keeps reporting
    it under a number that may by then name something else.  So a removal may
    be deferred only while the fd is certainly open, and only an *owner* can
-   promise that: a transport calls :meth:`Poller.own` for its socket and
-   :meth:`Poller.release` right before closing it, which applies any pending
+   promise that: a transport calls :meth:`DeferredSelector.own` for its socket and
+   :meth:`DeferredSelector.release` right before closing it, which applies any pending
    change while the fd is still open.  Removals of owned fds are deferred
    (pause+resume in one iteration costs nothing); removals of any other fd go
    to the kernel at once, as in stock asyncio.
@@ -94,8 +94,8 @@ from ._stats import Counters
 __all__ = [
     "EVENT_READ",
     "EVENT_WRITE",
+    "DeferredSelector",
     "EpollBackend",
-    "Poller",
     "SelectorBackend",
     "default_backend",
 ]
@@ -247,7 +247,7 @@ _APPLIED_SHIFT = 2  # bits 2-3: the mask the kernel holds; 0 when it holds none
 _APPLIED = _BOTH << _APPLIED_SHIFT
 _OWNED = 16  # bit 4: own() was called and release() not yet (edge 1)
 # The state of nearly every fd of a server: a connection's socket, owned by
-# its transport, reading, and the kernel told so.  Poller._state leaves it
+# its transport, reading, and the kernel told so.  DeferredSelector._state leaves it
 # out (a registered fd without an entry is in this state), so an idle
 # connection costs one dict entry in the poller, not two.
 _COMMON = EVENT_READ | EVENT_READ << _APPLIED_SHIFT | _OWNED
@@ -258,7 +258,7 @@ class _Mapping(Mapping[Any, SelectorKey]):
 
     __slots__ = ("_poller",)
 
-    def __init__(self, poller: Poller) -> None:
+    def __init__(self, poller: DeferredSelector) -> None:
         self._poller = poller
 
     def __len__(self) -> int:
@@ -286,7 +286,7 @@ _MISSING: Any = object()
 _new_key = tuple.__new__  # SelectorKey without its Python-level __new__
 
 
-class Poller(selectors.BaseSelector):
+class DeferredSelector(selectors.BaseSelector):
     """A selector whose kernel updates are deferred to the next :meth:`select`.
 
     *backend* is an :class:`EpollBackend` or a :class:`SelectorBackend`; a
@@ -423,7 +423,7 @@ class Poller(selectors.BaseSelector):
         if isinstance(self._backend, EpollBackend) and hasattr(select, "EPOLLEXCLUSIVE"):
             self._exclusive.add(fd)
 
-    def requeue(self, fd: int) -> bool:
+    def reregister(self, fd: int) -> bool:
         """Register *fd* with the kernel anew: EPOLL_CTL_DEL, then EPOLL_CTL_ADD.
 
         What is polled stays the same; what changes is this epoll set's place

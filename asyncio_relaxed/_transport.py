@@ -6,56 +6,43 @@ Theory of operation
 Reads.  Each readiness event does one read.  A plain Protocol gets ``bytes``;
 while the traffic comes in pieces under 64 KiB that is ``recv(64 KiB)``: CPython
 allocates the 64 KiB from the heap (below glibc's 128 KiB mmap threshold) and
-shrinks the result in place, cheaper than a copy out of a buffer (DESIGN.md
-§3.2: 7.3 µs/request for a minimal loop).  A read that fills those 64 KiB
-switches the transport to ``recv_into`` on the buffer the loop allocated once
-(``read_size``, stock's 256 KiB, page-aligned: see :func:`read_buffer`) plus
-an exact-size copy, until two reads in a row come in under 64 KiB; so a bulk
-transfer still reads as much per call as stock, and a message just over
-64 KiB (the tail of each 100 KiB echo, the benchmark suite's
+shrinks the result in place, cheaper than a copy out of a buffer.  A read that
+fills those 64 KiB switches the transport to ``recv_into`` on the buffer the
+loop allocated once (``read_size``, stock's 256 KiB, page-aligned: see
+:func:`read_buffer`) plus an exact-size copy, until two reads in a row come in
+under 64 KiB; so a bulk transfer still reads as much per call as stock, and a
+message just over 64 KiB (the tail of each 100 KiB echo, the benchmark suite's
 echo-protocol-100k) does not flip the transport back and forth, which cost a
-second read and a second data_received per message.
-A read that fills the whole buffer means streaming: the transport then calls
-``recv(read_size)`` like stock until a read comes in short.  Full-size reads
-are what glibc serves from the heap (freeing one full-size mmapped chunk
-raises its mmap threshold), so the copy out of the shared buffer is the
-dearer part there.  One side-by-side pair of runs of tcp-raw-pipe with 100 KiB
-chunks (benchmarks/ pipe-100k, 2026-11-30) gave 8.0 Gbit/s with the copy and
-14.8 without (stock 16.5); full suite runs on that noisy machine have put both
-variants anywhere between 8 and 20 Gbit/s, so the size of the gain is open.
+second read and a second data_received per message.  A read that fills the
+whole buffer means streaming: the transport then calls ``recv(read_size)``
+like stock until a read comes in short.  Full-size reads are what glibc serves
+from the heap (freeing one full-size mmapped chunk raises its mmap threshold),
+so the copy out of the shared buffer is the dearer part there.
 A BufferedProtocol gets ``recv_into`` on its own buffer.  Stock asyncio calls
 ``sock.recv(256 KiB)``, and glibc serves a 256 KiB allocation with mmap, so
-every read costs mmap + mremap + munmap besides the recv (DESIGN.md §3.2,
-measured on a 1 KiB echo).
+every read costs mmap + mremap + munmap besides the recv (strace, 1 KiB echo).
 
 Writes.  ``_buffer`` is a list of immutable chunks (a bytearray or a
 memoryview of one is copied, so the caller may reuse it when ``write``
 returns); ``_buffer_size`` is their total, kept so flow control never walks
-the deque.  A transport is in exactly one of these write states:
-
-* idle: nothing buffered;
-* queued (``_queued``): in the loop's write queue (deferred mode) or feed
-  queue (a short write under ``partial_write=feed``); the loop calls
-  :meth:`_write_now` once per iteration, after the callbacks;
-* polling (``_polling_write``): waiting for EPOLLOUT, like stock asyncio.
+the list.  The write states (idle, queued, polling) and the loop's write
+queue are described in :mod:`asyncio_relaxed._writes`.
 
 ``write()`` in eager mode sends at once when idle (stock and uvloop 0.23);
-in deferred mode it only queues, so that everything a callback writes leaves
-in one ``sendmsg`` of up to IOV_MAX buffers (uvloop <= 0.22's
-``_queue_write``/``_exec_queued_writes``).  In every mode, a write that takes
-the buffer past the high-water mark is sent at once: code that writes a lot
-and then waits for ``drain()`` must not wait for the end of the iteration to
+in deferred mode it only queues.  In every mode, a write that takes the
+buffer past the high-water mark is sent at once: code that writes a lot and
+then waits for ``drain()`` must not wait for the end of the iteration to
 learn it should pause (the stdlib start_tls tests depend on that); an idle
 transport sends a write that alone passes the mark straight from ``write()``,
-as in eager mode, without a round trip through the queue.
-
-After a short send the policy decides: ``poll`` waits for EPOLLOUT, ``feed``
-retries on the next iteration without waiting (libuv's pending queue), at most
-``feed_limit`` times in a row, then polls.  The cap matters: with a peer that
-reads slowly, feeding alone would keep the loop from ever blocking.
+without a round trip through the queue.  After a short send the policy
+decides: ``poll`` waits for EPOLLOUT, ``feed`` retries on the next iteration.
 
 ``close()`` keeps the connection until the buffer is empty, then closes;
 ``abort()`` drops the buffer.  Nothing written before ``close()`` is lost.
+
+What the transport needs of its loop beyond stock's transport API
+(``call_soon``, ``_add_reader``, ``_transports``...) is one object,
+:class:`TransportShared`, that the loop makes and hands to every transport.
 
 Error texts and the exception-handler contexts are stock asyncio's
 (``selector_events._SelectorSocketTransport``), so logs and tests read the same.
@@ -63,23 +50,24 @@ Error texts and the exception-handler contexts are stock asyncio's
 
 from __future__ import annotations
 
+import asyncio
 import mmap
+import os
 import socket
 import warnings
-from asyncio import protocols
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _compat
+from ._config import Config, PartialWrite, WriteMode
+from ._stats import Counters
+from ._writes import IDLE, POLLING, QUEUED, WriteQueue
 
-if TYPE_CHECKING:
-    from ._loop import Loop
-
-__all__ = ["SocketTransport", "is_tcp", "read_buffer", "set_options"]
+__all__ = ["SocketTransport", "TransportShared", "is_tcp", "read_buffer", "set_options"]
 
 try:
-    IOV_MAX: int = max(16, __import__("os").sysconf("SC_IOV_MAX"))
+    IOV_MAX: int = max(16, os.sysconf("SC_IOV_MAX"))
 except (AttributeError, ValueError, OSError):
     IOV_MAX = 16
 
@@ -87,6 +75,8 @@ except (AttributeError, ValueError, OSError):
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
 # Where BaseTransport keeps _extra; the transport's _extra is a property.
 _RAW_EXTRA: Any = _compat.TRANSPORT_EXTRA_SLOT
+_STOCK_GET_EXTRA_INFO = _compat.STOCK_GET_EXTRA_INFO
+_Base: Any = _compat.FlowControlMixin
 
 # The local address of accepted sockets, one tuple per distinct address: every
 # connection a listener accepts has the same sockname (one per local address
@@ -119,6 +109,13 @@ _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
 # M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
 SMALL_READ = 64 * 1024
 
+# write()'s TypeError, in each version's words.
+_WRITE_TYPE_ERROR = (
+    "data argument must be a bytes, bytearray, or memoryview object, not {!r}"
+    if _compat.PY314
+    else "data argument must be a bytes-like object, not {!r}"
+)
+
 
 def read_buffer(size: int) -> mmap.mmap | bytearray:
     """The loop's receive buffer: *size* bytes starting on a page boundary.
@@ -130,12 +127,9 @@ def read_buffer(size: int) -> mmap.mmap | bytearray:
     starts exactly there: glibc serves it with mmap and returns the page
     start + 16 (its chunk header); or, once freeing a large block has raised
     glibc's mmap threshold, a heap address whose offset depends on what the
-    process allocated before.  echo-protocol-100k-c10 (benchmarks/,
-    2026-11-30, AMD EPYC under KVM, buffer placed at a chosen offset):
-    58-78 µs system CPU per request at page offset 16, 26-33 at offset 0
-    or 2048, in eager and deferred mode alike; the same syscalls, sizes and
-    counts in every case.  That placement, not the write mode, was the
-    35.7 vs 76.4 µs "deferred regression" of that day's suite run.
+    process allocated before.  echo-protocol-100k-c10 with the buffer placed
+    at a chosen offset: 58-78 µs system CPU per request at page offset 16,
+    26-33 at offset 0 or 2048, with the same system calls in every case.
 
     An anonymous mmap is page-aligned whatever the heap's history.
     MAP_PRIVATE because mmap's default, MAP_SHARED, would let a process
@@ -145,6 +139,34 @@ def read_buffer(size: int) -> mmap.mmap | bytearray:
     if hasattr(mmap, "MAP_ANONYMOUS"):
         return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return bytearray(size)
+
+
+class TransportShared(WriteQueue):
+    """What a loop hands its transports: its counters, the write queue and
+    the write settings (:class:`WriteQueue`), the poller's ownership calls,
+    the one receive buffer of its plain-Protocol transports, and the
+    keepalive options for TCP connections.  The transport reads nothing else
+    of the loop that stock's transport would not."""
+
+    __slots__ = ("poller", "read_buffer", "read_size", "read_view", "tcp_sockopts")
+
+    def __init__(self, config: Config, stats: Counters, poller: Any) -> None:
+        super().__init__(
+            stats,
+            deferred=config.write is WriteMode.DEFERRED,
+            feed=config.partial_write is PartialWrite.FEED,
+            feed_limit=config.feed_limit,
+        )
+        self.poller = poller
+        self.read_size = config.read_size
+        self.read_buffer = read_buffer(config.read_size)
+        self.read_view = memoryview(self.read_buffer)
+        # (level, option, value) for every TCP connection: the keepalive knobs.
+        self.tcp_sockopts: list[tuple[int, int, int]] = [
+            (getattr(socket, level), getattr(socket, option), value)
+            for level, option, value in config.tcp_options()
+            if hasattr(socket, option)
+        ]
 
 
 def _shared(cache: dict[Any, Any], value: Any) -> Any:
@@ -190,10 +212,17 @@ def set_options(sock: socket.socket, options: list[tuple[int, int, int]]) -> Non
             pass
 
 
-class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
-    """A stream transport over a non-blocking socket (TCP or Unix)."""
+class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[misc]
+    """A stream transport over a non-blocking socket (TCP or Unix).
+
+    Slots for its state, plus a ``__dict__`` as stock's transport has: tests
+    and libraries patch a transport's methods (``mock.patch.object(transport,
+    "write", ...)``) and set attributes on it.  The dict is made only when
+    something is set that has no slot.
+    """
 
     __slots__ = (
+        "__dict__",
         "__weakref__",
         "_buffer",
         "_buffer_size",
@@ -205,22 +234,28 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         "_feeds",
         "_paused",
         "_peername",
-        "_polling_write",
         "_protocol",
         "_protocol_connected",
-        "_queued",
         "_recv_size",
         "_sending",
         "_server",
+        "_shared",
         "_sock",
         "_sock_fd",
         "_sockname",
         "_tsock",
         "_write_guard",
+        "_write_state",
+        *(("_context",) if _compat.PY315 else ()),
     )
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
     _protocol: Any  # None once connection_lost has run
+    if not _compat.PY315:
+        # Where 3.15 keeps the context the transport's callbacks run in
+        # (gh-140947); before 3.15 each callback runs in a copy of the
+        # context that scheduled it, as stock's do.
+        _context: Any = None
 
     # Read by base_events.start_tls and base_events.sendfile.
     _start_tls_compatible = True
@@ -232,24 +267,29 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
 
     def __init__(
         self,
-        loop: Loop,
+        loop: Any,
         sock: socket.socket,
         protocol: Any,
         waiter: Any = None,
         extra: dict[str, Any] | None = None,
         server: Any = None,
         *,
+        shared: TransportShared,
         inherited_options: bool = False,
+        context: Any = None,
     ) -> None:
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
         self._server = None
+        self._shared = shared
         self._extra_dict: dict[str, Any] | None = None  # see the _extra property
+        if _compat.PY315:
+            self._context = context
         # The socket and the two addresses of stock's extra dict live in
         # slots; the dict is kept only for other keys a caller passed (the
-        # accept path passes just the peer name).  About 300 bytes less per connection: a
-        # 3-entry dict, a TransportSocket made before anyone asks for it, and
-        # a copy of the local address per accepted connection.
+        # accept path passes just the peer name).  About 300 bytes less per
+        # connection: a 3-entry dict, a TransportSocket made before anyone
+        # asks for it, and a copy of the local address per accepted connection.
         if extra:
             if "peername" in extra:
                 peername = extra["peername"]
@@ -280,7 +320,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # recv() size for the next read while reads are small (SMALL_READ
         # or less) or streaming (read_size); in buffer mode (recv_into the
         # loop's buffer) 0, or -1 after one short read.
-        self._recv_size = min(SMALL_READ, loop._config.read_size)
+        self._recv_size = min(SMALL_READ, shared.read_size)
         self.set_protocol(protocol)
         self._server = server
         # A list, not a deque: an empty deque costs 760 bytes per connection
@@ -299,29 +339,49 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         # while sendfile waits, once the connection is lost); cleared only
         # when sendfile ends with neither of the others.
         self._write_guard = False
-        self._queued = False  # Set while in the loop's write or feed queue.
+        self._write_state = IDLE  # IDLE, QUEUED or POLLING (see _writes)
         self._sending = False  # Set while _write_now runs resume_writing() (re-entrancy guard).
-        self._polling_write = False  # Set while waiting for EPOLLOUT.
         self._feeds = 0  # Short writes retried without waiting, in a row.
         if server is not None:
             _compat.server_attach(server, self)
         loop._transports[self._sock_fd] = self
         # We release the fd before closing it, so the poller may defer the
         # removal of its interest (pause+resume in one iteration is free).
-        loop._selector.own(self._sock_fd)
+        shared.poller.own(self._sock_fd)
 
         # Disable Nagle: small writes leave without waiting for the peer's ACK.
         # An accepted socket inherited it and the keepalive options from its
         # listener (Linux), which saves a setsockopt per option per connection.
         if not inherited_options:
             _compat.set_nodelay(sock)
-            if loop._tcp_sockopts and is_tcp(sock):
-                set_options(sock, loop._tcp_sockopts)
-        loop.call_soon(self._protocol.connection_made, self)
+            if shared.tcp_sockopts and is_tcp(sock):
+                set_options(sock, shared.tcp_sockopts)
+        self._call_soon(self._protocol.connection_made, self)
         # Start reading only once connection_made() has run.
-        loop.call_soon(self._start_reading)
+        self._call_soon(self._start_reading)
         if waiter is not None:
-            loop.call_soon(_compat.set_result_unless_cancelled, waiter, None)
+            self._call_soon(_compat.set_result_unless_cancelled, waiter, None)
+
+    # -- the loop's scheduling, in the transport's context (3.15) ----------
+
+    if _compat.PY315:
+        def _call_soon(self, callback: Any, *args: Any) -> None:
+            self._loop.call_soon(callback, *args, context=self._context)
+
+        def _watch_read(self, callback: Any) -> None:
+            self._loop._add_reader(self._sock_fd, callback, context=self._context)
+
+        def _watch_write(self) -> None:
+            self._loop._add_writer(self._sock_fd, self._write_ready, context=self._context)
+    else:
+        def _call_soon(self, callback: Any, *args: Any) -> None:
+            self._loop.call_soon(callback, *args)
+
+        def _watch_read(self, callback: Any) -> None:
+            self._loop._add_reader(self._sock_fd, callback)
+
+        def _watch_write(self) -> None:
+            self._loop._add_writer(self._sock_fd, self._write_ready)
 
     def __repr__(self) -> str:
         info = [self.__class__.__name__]
@@ -333,7 +393,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                mask = loop._selector.get_key(self._sock_fd).events
+                mask = self._shared.poller.get_key(self._sock_fd).events
             except (KeyError, ValueError):
                 mask = 0
             info.append("read=polling" if mask & 1 else "read=idle")
@@ -355,27 +415,30 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         old = self._protocol
         self._protocol = protocol
         self._protocol_connected = True
-        if old is not None and self._read_method(old) != self._read_ready_cb:
+        if old is not None and self._read_method(old) != self._read_method(protocol):
             # The poller holds the old kind's read method: swap it (same
             # mask, so no system call).
             try:
-                reader = self._loop._selector.get_key(self._sock_fd).data[0]
-            except (KeyError, ValueError, AttributeError):
+                reader = self._shared.poller.get_key(self._sock_fd).data[0]
+            except (KeyError, ValueError):
                 return
             if (reader is not None and not reader._cancelled
                     and reader._callback == self._read_method(old)):
-                self._loop._add_reader(self._sock_fd, self._read_ready_cb)
+                self._watch_read(self._read_method(protocol))
 
     def _read_method(self, protocol: Any) -> Any:
         """The read method for *protocol*'s kind (buffered or not)."""
-        if isinstance(protocol, protocols.BufferedProtocol):
+        if isinstance(protocol, asyncio.BufferedProtocol):
             return self._read_ready__get_buffer
         return self._read_ready__data_received
 
     @property
     def _read_ready_cb(self) -> Any:
         """The protocol kind's read method (stock's attribute), derived from
-        the protocol instead of kept: a slot less per connection."""
+        the protocol instead of kept: a slot less per connection.  None once
+        the transport is closing on 3.14+, where stock clears it at close()."""
+        if _compat.PY314 and (self._closing or self._protocol is None):
+            return None
         return self._read_method(self._protocol)
 
     def _set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
@@ -383,8 +446,8 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             # Stock's defaults, as shared int objects: stock computes the low
             # mark per transport, a 32-byte int per connection.
             # (Slots of the base class, which mypy sees as Any.)
-            self._high_water = _DEFAULT_HIGH_WATER  # type: ignore[misc]
-            self._low_water = _DEFAULT_LOW_WATER  # type: ignore[misc]
+            self._high_water = _DEFAULT_HIGH_WATER
+            self._low_water = _DEFAULT_LOW_WATER
         else:
             super()._set_write_buffer_limits(high, low)
 
@@ -398,7 +461,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         made = self._extra_dict
         if made is None:
             made = dict(_RAW_EXTRA.__get__(self, type(self)))
-            made["socket"] = self.get_extra_info("socket")
+            made["socket"] = self._transport_socket()
             made["sockname"] = self._sockname
             made["peername"] = self._peername  # the caller's, when it gave one
             self._extra_dict = made
@@ -409,6 +472,13 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         _RAW_EXTRA.__set__(self, extra)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        stock = _Base.get_extra_info
+        if stock is not _STOCK_GET_EXTRA_INFO:
+            # Patched on a base class (asyncio.Transport, say): the patch
+            # answers, called as stock's transport would call it.
+            if default is None:
+                return super().get_extra_info(name)
+            return super().get_extra_info(name, default)
         made = self._extra_dict
         if made is not None:
             return made.get(name, default)
@@ -417,11 +487,14 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if name == "sockname":
             return self._sockname
         if name == "socket":
-            tsock = self._tsock
-            if tsock is not None and type(tsock) is not _compat.TransportSocket:
-                tsock = self._tsock = _compat.TransportSocket(tsock)
-            return tsock
+            return self._transport_socket()
         return _RAW_EXTRA.__get__(self, type(self)).get(name, default)
+
+    def _transport_socket(self) -> Any:
+        tsock = self._tsock
+        if tsock is not None and type(tsock) is not _compat.TransportSocket:
+            tsock = self._tsock = _compat.TransportSocket(tsock)
+        return tsock
 
     def get_protocol(self) -> Any:
         return self._protocol
@@ -453,12 +526,16 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
         if not self.is_reading():
             return
-        self._loop._add_reader(fd, callback, *args)
+        if _compat.PY315:
+            self._loop._add_reader(fd, callback, *args, context=self._context)
+        else:
+            self._loop._add_reader(fd, callback, *args)
 
     def _start_reading(self) -> None:
         # The reader is the protocol kind's own read method, not _read_ready:
         # one call less per read.  set_protocol() re-registers on a change.
-        self._add_reader(self._sock_fd, self._read_ready_cb)
+        if self.is_reading():
+            self._watch_read(self._read_method(self._protocol))
 
     def get_write_buffer_size(self) -> int:
         return self._buffer_size
@@ -469,12 +546,13 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     # -- reading ----------------------------------------------------------
 
     def _read_ready(self) -> None:
-        self._read_ready_cb()
+        self._read_method(self._protocol)()
 
     def _read_ready__data_received(self) -> None:
         if self._conn_lost:
             return
-        self._loop._stats.recv += 1
+        shared = self._shared
+        shared.stats.recv += 1
         try:
             size = self._recv_size
             if size > 0:
@@ -485,10 +563,9 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 elif len(data) == SMALL_READ:
                     self._recv_size = 0
             else:
-                loop = self._loop
-                buffer = loop._read_buffer
+                buffer = shared.read_buffer
                 nbytes = self._sock.recv_into(buffer)  # type: ignore[union-attr]
-                data = loop._read_view[:nbytes].tobytes()
+                data = shared.read_view[:nbytes].tobytes()
                 if nbytes == len(buffer) and nbytes > SMALL_READ:
                     self._recv_size = nbytes  # streaming
                 elif nbytes >= SMALL_READ:
@@ -498,7 +575,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 else:
                     self._recv_size = -1
         except (BlockingIOError, InterruptedError):
-            self._loop._stats.recv_eagain += 1
+            shared.stats.recv_eagain += 1
             return
         except (SystemExit, KeyboardInterrupt):
             raise
@@ -527,11 +604,12 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
             return
-        self._loop._stats.recv += 1
+        stats = self._shared.stats
+        stats.recv += 1
         try:
             nbytes = self._sock.recv_into(buf)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
-            self._loop._stats.recv_eagain += 1
+            stats.recv_eagain += 1
             return
         except (SystemExit, KeyboardInterrupt):
             raise
@@ -569,9 +647,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
     def write(self, data: bytes | bytearray | memoryview) -> None:
         kind = type(data)
         if kind is not bytes and not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(
-                f"data argument must be a bytes-like object, not {kind.__name__!r}"
-            )
+            raise TypeError(_WRITE_TYPE_ERROR.format(kind.__name__))
         if self._write_guard:
             # Stock's three refusals, in stock's order; one flag read instead
             # of three while none applies (the flag's comment in __init__).
@@ -586,25 +662,24 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             return
         if kind is memoryview and (data.ndim != 1 or data.format != "B"):  # type: ignore[union-attr]
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
-        loop = self._loop
+        shared = self._shared
         if not self._buffer and (
-            not loop._deferred_writes or (len(data) > self._high_water and not self._sending)
+            not shared.deferred or (len(data) > self._high_water and not self._sending)
         ):
-            # Fast path, safe only when nothing is buffered (order!) and the
-            # transport is neither queued nor polling, which an empty buffer
-            # implies.  Every such write in eager mode.  In deferred mode a
-            # write that alone passes the high-water mark: the queued path
-            # below would send it at once too (_check_high_water), only
-            # after a round trip through the loop's write queue, 5 % more
-            # instructions per request on echo-protocol-100k (callgrind,
-            # 2026-11-30: 125.5k vs 119.2k).  Not from resume_writing()
-            # inside _write_now (_sending): there the write is appended and
+            # Fast path, safe only when nothing is buffered (order!), which
+            # implies the transport is IDLE (see _writes).  Every such write
+            # in eager mode.  In deferred mode a write that alone passes the
+            # high-water mark: the queued path below would send it at once
+            # too (_check_high_water), only after a round trip through the
+            # queue, 5 % more instructions per request on echo-protocol-100k
+            # (benchmarks.instructions).  Not from resume_writing() inside
+            # _write_now (_sending): there the write is appended and
             # _write_now decides, which re-pauses the protocol as before.
-            loop._stats.sent_at_once += 1  # one write, one send (Counters)
+            shared.stats.sent_at_once += 1  # one write, one send (Counters)
             try:
                 n = self._sock.send(data)  # type: ignore[union-attr]
             except (BlockingIOError, InterruptedError):
-                loop._stats.send_eagain += 1
+                shared.stats.send_eagain += 1
                 n = 0
             except (SystemExit, KeyboardInterrupt):
                 raise
@@ -613,12 +688,12 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
                 return
             if n == len(data):
                 return
-            loop._stats.partial_writes += 1
+            shared.stats.partial_writes += 1
             self._append(memoryview(data)[n:] if n else data)
             self._after_short_write()
             self._maybe_pause_protocol()
             return
-        stats = loop._stats
+        stats = shared.stats
         stats.writes += 1
         if kind is bytes:
             if self._buffer is _NO_BUFFER:  # bytes: no copy needed
@@ -628,11 +703,11 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._buffer_size += len(data)
         else:
             self._append(data)
-        if not (self._queued or self._polling_write or self._sending):
-            # _queue_write(), inlined: one call less per deferred write.
+        if not self._write_state and not self._sending:
+            # WriteQueue.queue(), inlined: one call less per deferred write.
             stats.writes_deferred += 1
-            self._queued = True
-            loop._write_queue.append(self)
+            self._write_state = QUEUED
+            shared.pending.append(self)
         if self._buffer_size > self._high_water:  # else flow control has nothing to do
             self._check_high_water()
 
@@ -642,38 +717,40 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._empty_waiter is not None:
             raise RuntimeError("unable to writelines; sendfile is in progress")
         chunks = list(list_of_data)
-        for data in chunks:
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                raise TypeError(
-                    f"data argument must be a bytes-like object, not {type(data).__name__!r}"
-                )
-        chunks = [data for data in chunks if data]
         if not chunks:
             return
+        if _compat.PY314:
+            # Stock skips empty chunks before it looks at them (gh-155888).
+            views = [memoryview(data) for data in chunks if data]
+        elif _compat.PY312:
+            views = [memoryview(data) for data in chunks]  # stock's TypeError text
+        else:
+            # 3.11's stock joins the chunks first (WriteTransport.writelines).
+            for index, data in enumerate(chunks):
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"sequence item {index}: expected a bytes-like object, "
+                                    f"{type(data).__name__} found")
+            views = [memoryview(data) for data in chunks]
         if self._conn_lost:
             self._drop_write_after_loss()
             return
-        self._loop._stats.writes += 1
-        for data in chunks:
-            self._append(data)
-        if self._queued or self._polling_write or self._sending:
+        views = [view for view in views if view.nbytes]
+        if not views:
+            return
+        self._shared.stats.writes += 1
+        for view in views:
+            self._append(view)
+        if self._write_state or self._sending:
             self._check_high_water()
-        elif not self._loop._deferred_writes:
-            # Idle before (a buffer is only ever non-empty while queued,
-            # polling or sending): one sendmsg for all of it, as stock 3.12+
-            # does; unlike stock 3.12.0-3.12.8 the protocol is paused if it
-            # stays buffered (gh-127655: unbounded buffer growth).
-            self._write_now()
+        elif not self._shared.deferred:
+            # IDLE before: one sendmsg for all of it, as stock 3.12+ does;
+            # unlike stock 3.12.0-3.12.8 the protocol is paused if it stays
+            # buffered (gh-127655: unbounded buffer growth).
+            self._write_now(True)
             self._maybe_pause_protocol()
         else:
-            self._queue_write()
+            self._shared.queue(self)
             self._check_high_water()
-
-    def _queue_write(self) -> None:
-        """Join the loop's write queue: sent after this iteration's callbacks."""
-        self._loop._stats.writes_deferred += 1
-        self._queued = True
-        self._loop._write_queue.append(self)
 
     def _drop_write_after_loss(self) -> None:
         """A write after the connection was lost: dropped, as in stock (which
@@ -706,34 +783,40 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
 
     def _check_high_water(self) -> None:
         """Send at once past the high-water mark, then apply flow control."""
-        if self._buffer_size > self._high_water and self._queued:
+        if self._buffer_size > self._high_water and self._write_state == QUEUED:
             self._write_now()
         self._maybe_pause_protocol()
 
     def _write_ready(self) -> None:
-        """EPOLLOUT: the socket can take more."""
-        self._write_now()
+        """EPOLLOUT: the socket can take more (sendmsg, as stock's
+        _write_sendmsg, whatever the buffer holds)."""
+        self._write_now(True)
 
-    def _write_now(self) -> None:
-        """Send as much of the buffer as the kernel takes, in one call.
+    def _write_now(self, vectored: bool = False) -> None:
+        """Send as much of the buffer as the kernel takes, in one call:
+        ``send`` for one buffer (what stock's write() calls), ``sendmsg`` for
+        more, or for any number when *vectored* (EPOLLOUT and writelines,
+        where stock calls sendmsg).
 
-        Called by eager writelines, by the loop's per-iteration flush (for a
-        queued transport) and on EPOLLOUT.  Clears ``_queued``: a transport
-        that still has data afterwards is re-queued or polls, by policy.
+        Called by writelines, by the loop's flush (for a QUEUED transport)
+        and on EPOLLOUT.  Leaves QUEUED for IDLE first: a transport that
+        still has data afterwards is queued again or polls, by policy.
         """
-        self._queued = False
+        if self._write_state == QUEUED:
+            self._write_state = IDLE
         buffer = self._buffer
         if self._conn_lost or not buffer:
             return
-        stats = self._loop._stats
+        stats = self._shared.stats
         sock = self._sock
         try:
-            if len(buffer) == 1 or not _HAS_SENDMSG:
+            if not _HAS_SENDMSG or (len(buffer) == 1 and not vectored):
                 stats.send += 1
                 n = sock.send(buffer[0])  # type: ignore[union-attr]
             else:
                 stats.sendmsg += 1
-                stats.writes_coalesced += min(len(buffer), IOV_MAX)
+                if len(buffer) > 1:
+                    stats.writes_coalesced += min(len(buffer), IOV_MAX)
                 n = sock.sendmsg(  # type: ignore[union-attr]
                     buffer if len(buffer) <= IOV_MAX else buffer[:IOV_MAX]
                 )
@@ -768,11 +851,10 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._buffer:
             if short:
                 self._after_short_write()
-            elif not (self._queued or self._polling_write):
+            elif not self._write_state:
                 # resume_writing() wrote more after everything went out.
-                self._queued = True
-                self._loop._write_queue.append(self)
-        elif self._feeds or self._polling_write or self._closing or self._write_guard:
+                self._shared.queue(self)
+        elif self._feeds or self._write_state or self._closing or self._write_guard:
             # _write_guard: write_eof() or sendfile waits (a lost connection
             # is closing too), the cases _write_done has work for.
             self._write_done()
@@ -797,31 +879,27 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
 
     def _after_short_write(self) -> None:
         """The kernel took part of the buffer: feed or poll, by policy."""
-        if self._queued or self._polling_write:
+        if self._write_state or self._shared.feed_retry(self):
             return
-        loop = self._loop
-        if loop._feed_writes and self._feeds < loop._config.feed_limit:
-            self._feeds += 1
-            loop._stats.write_feeds += 1
-            self._queued = True
-            loop._feed_queue.append(self)
-        else:
-            self._feeds = 0
-            self._polling_write = True
-            loop._add_writer(self._sock_fd, self._write_ready)
+        self._write_state = POLLING
+        self._watch_write()
+
+    def _stop_polling_write(self) -> None:
+        if self._write_state == POLLING:
+            self._loop._remove_writer(self._sock_fd)
+        self._write_state = IDLE
 
     def _write_done(self) -> None:
         """Everything buffered went out."""
         self._feeds = 0
-        if self._polling_write:
-            self._polling_write = False
-            self._loop._remove_writer(self._sock_fd)
+        self._stop_polling_write()
         waiter = self._empty_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         if self._conn_lost:
             # close() or abort() from resume_writing() already scheduled
-            # connection_lost; running it here too would tear down twice.
+            # connection_lost; running it here too would tear down twice
+            # (stock guards the same case since 3.14, gh-156512).
             return
         if self._closing:
             self._conn_lost += 1
@@ -831,9 +909,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
             self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
 
     def _write_failed(self, exc: BaseException) -> None:
-        if self._polling_write:
-            self._polling_write = False
-            self._loop._remove_writer(self._sock_fd)
+        self._stop_polling_write()
         if self._buffer:
             self._buffer.clear()
         self._buffer_size = 0
@@ -875,7 +951,7 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if not self._buffer:
             self._conn_lost += 1
             self._write_guard = True
-            self._loop.call_soon(self._call_connection_lost, None)
+            self._call_soon(self._call_connection_lost, None)
         # Otherwise the last flush or EPOLLOUT that empties the buffer calls
         # _call_connection_lost: data written before close() is delivered.
 
@@ -904,22 +980,17 @@ class SocketTransport(_compat.FlowControlMixin):  # type: ignore[misc]
         if self._buffer:
             self._buffer.clear()
             self._buffer_size = 0
-        if self._polling_write:
-            self._polling_write = False
-            self._loop._remove_writer(self._sock_fd)
+        self._stop_polling_write()
         if not self._closing:
             self._closing = True
             self._loop._remove_reader(self._sock_fd)
         self._conn_lost += 1
         self._write_guard = True
-        self._loop.call_soon(self._call_connection_lost, exc)
+        self._call_soon(self._call_connection_lost, exc)
 
     def _release_fd(self) -> None:
         """Tell the poller the fd is about to close (see _poller, edge 1)."""
-        loop = self._loop
-        selector = getattr(loop, "_selector", None) if loop is not None else None
-        if selector is not None:
-            selector.release(self._sock_fd)
+        self._shared.poller.release(self._sock_fd)
 
     def _call_connection_lost(self, exc: BaseException | None) -> None:
         try:

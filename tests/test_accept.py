@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from asyncio_relaxed import _compat, _loop
+from asyncio_relaxed import _accept, _compat
 from conftest import LoopErrors, iterate, run
 
 
@@ -89,8 +89,8 @@ def test_batch_accepts_up_to_the_batch_per_event(
     (Linux TCP), no accept finds the queue empty; elsewhere the batch ends at
     one that does, as stock's (5 connections: 6 accepts, one EAGAIN)."""
     if queue_length == "unknown":
-        monkeypatch.setattr(_loop, "accept_queue_length", lambda sock: None)
-    elif not _loop._ACCEPT_QUEUE_INFO:
+        monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: None)
+    elif not _accept.QUEUE_LENGTH_KNOWN:
         pytest.skip("Linux only (TCP_INFO)")
     eagain = 1 if queue_length == "unknown" and accepts == 5 else 0
     loop = asyncio_relaxed.new_event_loop(accept="batch", accept_batch=accept_batch)
@@ -107,7 +107,7 @@ def test_batch_accepts_up_to_the_batch_per_event(
         loop.close()
 
 
-@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+@pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
 def test_batch_one_connection_per_event_costs_one_accept(clients: list[socket.socket]) -> None:
     """Light load, the common case of a worker: one connection per event,
     one accept (stock makes two, the second finding the queue empty)."""
@@ -338,7 +338,7 @@ def listening(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> boo
 
 
 #: The real one, for settle(): some tests replace _loop's.
-_queue_length = _loop.accept_queue_length
+_queue_length = _accept.accept_queue_length
 
 
 def settle(listener: Any, n: int) -> None:
@@ -356,44 +356,44 @@ def settle(listener: Any, n: int) -> None:
     raise AssertionError(f"the accept queue never held {n}")
 
 
-@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+@pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
 def test_accept_queue_length_counts_waiting_connections(clients: list[socket.socket]) -> None:
     listener = socket.socket()
     try:
         listener.bind(("127.0.0.1", 0))
         listener.listen(10)
-        assert _loop.accept_queue_length(listener) == 0
+        assert _accept.accept_queue_length(listener) == 0
         for _ in range(3):
             clients.append(socket.create_connection(listener.getsockname()))
         settle(listener, 3)
-        assert _loop.accept_queue_length(listener) == 3
+        assert _accept.accept_queue_length(listener) == 3
         listener.accept()[0].close()
-        assert _loop.accept_queue_length(listener) == 2
+        assert _accept.accept_queue_length(listener) == 2
     finally:
         listener.close()
     a, b = socket.socketpair()
     with a, b:
-        assert _loop.accept_queue_length(a) is None  # not TCP: unknown
+        assert _accept.accept_queue_length(a) is None  # not TCP: unknown
 
 
 def test_balanced_gate_without_sockets() -> None:
     """The rest grows with open connections and is capped; cooldown starts at
     its cap, halves when connections waited for a rest, grows back when none
     did, and stays within its bounds."""
-    gate = _loop.BalancedGate()
-    cap = _loop.BALANCED_MAX_COOLDOWN
+    gate = _accept.BalancedGate()
+    cap = _accept.BALANCED_MAX_COOLDOWN
     assert gate.cooldown == cap
     assert gate.rest(2) == 2 * cap
-    assert gate.rest(10**6) == _loop.BALANCED_MAX_REST
+    assert gate.rest(10**6) == _accept.BALANCED_MAX_REST
     gate.rested(waited=False)
     assert gate.cooldown == cap  # idle rests never take it past the cap
     gate.rested(waited=True)
-    assert gate.cooldown == cap * _loop.BALANCED_SHRINK
+    assert gate.cooldown == cap * _accept.BALANCED_SHRINK
     gate.rested(waited=False)
-    assert gate.cooldown == cap * _loop.BALANCED_SHRINK * _loop.BALANCED_GROW
+    assert gate.cooldown == cap * _accept.BALANCED_SHRINK * _accept.BALANCED_GROW
     for _ in range(100):
         gate.rested(waited=True)
-    assert gate.cooldown == _loop.BALANCED_MIN_COOLDOWN
+    assert gate.cooldown == _accept.BALANCED_MIN_COOLDOWN
     for _ in range(1000):
         gate.rested(waited=False)
     assert gate.cooldown == cap
@@ -403,36 +403,45 @@ def test_balanced_gate_without_sockets() -> None:
 def test_balanced_gates_converge_after_48_idle_rests() -> None:
     """Workers' cooldowns cannot drift apart: whatever happened before, 48
     idle rests (ln(MAX/MIN)/ln(GROW) = 47.2) bring every gate to the cap."""
-    at_floor, halved, fresh = _loop.BalancedGate(), _loop.BalancedGate(), _loop.BalancedGate()
+    at_floor, halved, fresh = _accept.BalancedGate(), _accept.BalancedGate(), _accept.BalancedGate()
     for _ in range(100):
         at_floor.rested(waited=True)
     halved.rested(waited=True)
     for _ in range(47):
         for gate in (at_floor, halved, fresh):
             gate.rested(waited=False)
-    assert at_floor.cooldown < _loop.BALANCED_MAX_COOLDOWN  # one rest short
+    assert at_floor.cooldown < _accept.BALANCED_MAX_COOLDOWN  # one rest short
     for gate in (at_floor, halved, fresh):
         gate.rested(waited=False)
-    assert at_floor.cooldown == halved.cooldown == fresh.cooldown == _loop.BALANCED_MAX_COOLDOWN
+    assert at_floor.cooldown == halved.cooldown == fresh.cooldown == _accept.BALANCED_MAX_COOLDOWN
+
+
+def gate(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> _accept.BalancedGate:
+    """The balanced listener's cooldown state."""
+    listener = loop._listeners[server.sockets[0].fileno()]
+    assert isinstance(listener, _accept.BalancedListener)
+    return listener.gate
 
 
 def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> float | None:
     """The loop time at which the listener's rest ends, None when it is not
     resting.  (Compared with times read around the iteration that scheduled
     it, not with now: a slow machine may be past a 0.3 ms rest already.)"""
-    handle = loop._accept_delayed.get(server.sockets[0].fileno())
-    return None if handle is None else handle.when()
+    listener = loop._listeners[server.sockets[0].fileno()]
+    if listener.state is not _accept.ListenerState.RESTING:
+        return None
+    return float(listener.timer.when())
 
 
 def end_rest(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
     """End the listener's rest now: its timer's callback, run once."""
-    handle = loop._accept_delayed[server.sockets[0].fileno()]
+    handle = loop._listeners[server.sockets[0].fileno()].timer
     callback, args = handle._callback, handle._args
     handle.cancel()
     callback(*args)
 
 
-@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+@pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
 def test_balanced_takes_what_is_queued_then_rests_by_its_load(
     clients: list[socket.socket],
 ) -> None:
@@ -454,13 +463,13 @@ def test_balanced_takes_what_is_queued_then_rests_by_its_load(
         assert ctl(loop, before) == (0, 0, 1)
         assert not listening(loop, server)
         end = rest_end(loop, server)
-        assert end is not None and started < end <= ended + 3 * _loop.BALANCED_MAX_COOLDOWN
+        assert end is not None and started < end <= ended + 3 * _accept.BALANCED_MAX_COOLDOWN
         before = loop.statistics()
         end_rest(loop, server)
         assert listening(loop, server)
         assert accepts(loop, before) == (0, 0)  # the queue's length said none
         assert ctl(loop, before)[0] >= 1  # the listener's ADD
-        assert (loop._balanced.rests_idle, loop._balanced.rests_waited) == (1, 0)
+        assert (gate(loop, server).rests_idle, gate(loop, server).rests_waited) == (1, 0)
         stop(loop, server)
     finally:
         loop.close()
@@ -477,14 +486,17 @@ def test_balanced_stop_serving_cancels_the_rest(clients: list[socket.socket]) ->
             if rest_end(loop, server) is not None:
                 break
         assert rest_end(loop, server) is not None
-        handle = loop._accept_delayed[server.sockets[0].fileno()]
+        fd = server.sockets[0].fileno()
+        listener = loop._listeners[fd]
+        handle = listener.timer
         stop(loop, server)
-        assert handle.cancelled() and not loop._accept_delayed
+        assert handle.cancelled() and listener.timer is None
+        assert listener.state is _accept.ListenerState.STOPPED and fd not in loop._listeners
     finally:
         loop.close()
 
 
-def test_balanced_light_load_one_accept_and_one_requeue_per_connection(
+def test_balanced_light_load_one_accept_and_one_reregister_per_connection(
     clients: list[socket.socket],
 ) -> None:
     """A worker holding one connection or none re-registers the listener at
@@ -497,7 +509,7 @@ def test_balanced_light_load_one_accept_and_one_requeue_per_connection(
             settle(server, 1)
             before = loop.statistics()
             iterate(loop, 1)
-            expected_eagain = 0 if _loop._ACCEPT_QUEUE_INFO else 1  # batch's EAGAIN otherwise
+            expected_eagain = 0 if _accept.QUEUE_LENGTH_KNOWN else 1  # batch's EAGAIN otherwise
             assert accepts(loop, before) == (1, expected_eagain)
             # The listener's DEL + ADD; the accepted socket's own ADD comes
             # one iteration later.
@@ -509,13 +521,13 @@ def test_balanced_light_load_one_accept_and_one_requeue_per_connection(
                     break
                 iterate(loop, 1)
                 time.sleep(0.001)
-        assert loop._balanced.rests_idle + loop._balanced.rests_waited == 0
+        assert gate(loop, server).rests_idle + gate(loop, server).rests_waited == 0
         stop(loop, server)
     finally:
         loop.close()
 
 
-@pytest.mark.skipif(not _loop._ACCEPT_QUEUE_INFO, reason="Linux only (TCP_INFO)")
+@pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
 def test_balanced_burst_is_capped_by_accept_batch(clients: list[socket.socket]) -> None:
     """The burst of an event, and the one at the end of a rest that found
     connections waiting (which halves cooldown), take at most accept_batch."""
@@ -530,8 +542,9 @@ def test_balanced_burst_is_capped_by_accept_batch(clients: list[socket.socket]) 
         assert not listening(loop, server)  # holding 2: a rest
         end_rest(loop, server)
         assert accepts(loop, before) == (4, 0)  # 3 waited, 2 taken
-        assert (loop._balanced.rests_idle, loop._balanced.rests_waited) == (0, 1)
-        assert loop._balanced.cooldown == _loop.BALANCED_MAX_COOLDOWN * _loop.BALANCED_SHRINK
+        cooldown = gate(loop, server)
+        assert (cooldown.rests_idle, cooldown.rests_waited) == (0, 1)
+        assert cooldown.cooldown == _accept.BALANCED_MAX_COOLDOWN * _accept.BALANCED_SHRINK
         assert listening(loop, server)
         iterate(loop, 1)
         assert accepts(loop, before) == (5, 0)
@@ -546,7 +559,7 @@ def test_balanced_burst_ends_at_eagain_when_a_sibling_took_the_counted(
     """The queue's length is read before the burst; connections a sibling
     takes meanwhile end it with one EAGAIN.  Also what happens where the
     length is unknown: the burst runs until EAGAIN, as batch's does."""
-    monkeypatch.setattr(_loop, "accept_queue_length", lambda sock: 5)
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 5)
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
         server = start(loop)
@@ -577,7 +590,7 @@ class EmptyListener:
         raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
 
 
-def test_balanced_lost_race_costs_one_accept_and_no_requeue() -> None:
+def test_balanced_lost_race_costs_one_accept_and_no_reregister() -> None:
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     real = socket.socket()
     try:
@@ -627,8 +640,8 @@ class SharedListener:
         self.listener.close()
 
 
-def test_balanced_workers_requeue_only_after_winning() -> None:
-    """Both workers poll the listener throughout (no rest); each requeues its
+def test_balanced_workers_reregister_only_after_winning() -> None:
+    """Both workers poll the listener throughout (no rest); each reregisters its
     own registration once per event it won, and the loser of a race sees
     no event at all (epoll re-checks readiness before reporting)."""
     shared = SharedListener()
@@ -651,7 +664,7 @@ def test_balanced_workers_requeue_only_after_winning() -> None:
 
 
 @pytest.mark.parametrize("exclusive", [False, True])
-def test_balanced_requeue_keeps_epollexclusive(
+def test_balanced_reregister_keeps_epollexclusive(
     clients: list[socket.socket], exclusive: bool
 ) -> None:
     import select
@@ -665,7 +678,7 @@ def test_balanced_requeue_keeps_epollexclusive(
         settle(server, 1)
         before = loop.statistics()
         iterate(loop, 1)
-        assert ctl(loop, before)[2] == 1  # requeued
+        assert ctl(loop, before)[2] == 1  # reregisterd
         flags = _epoll_flags(loop._selector.fileno(), server.sockets[0].fileno())
         assert bool(flags & select.EPOLLEXCLUSIVE) is exclusive
         stop(loop, server)
@@ -700,7 +713,7 @@ def test_balanced_emfile_backs_off_once(
     clients: list[socket.socket], ok: int, loop_errors: LoopErrors
 ) -> None:
     """EMFILE on the first accept of an event or within its burst: reported
-    once, the listener out of the poller (no requeue), one back-off retry."""
+    once, the listener out of the poller (no reregister), one back-off retry."""
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     loop.set_exception_handler(loop_errors.handler)
     loop_errors.expect("socket.accept() out of system resource")
@@ -721,7 +734,7 @@ def test_balanced_emfile_backs_off_once(
         assert loop_errors.contexts[0]["exception"].errno == errno.EMFILE
         with pytest.raises(KeyError):
             loop._selector.get_key(real.fileno())
-        assert ctl(loop, before) == (0, 0, 1)  # the back-off's DEL, no requeue
+        assert ctl(loop, before) == (0, 0, 1)  # the back-off's DEL, no reregister
         assert len(loop._transports) == ok  # what was accepted is served
         resumes = [
             h for h in loop._scheduled

@@ -268,7 +268,7 @@ def test_read_buffer_starts_on_a_page(relaxed_loop: asyncio_relaxed.Loop) -> Non
     """The kernel's copy into the loop's buffer cost 2-2.5x the system time
     at page offset 16, where glibc puts a 256 KiB bytearray (see
     _loop.read_buffer); the buffer must not depend on the heap's history."""
-    address = ctypes.addressof(ctypes.c_char.from_buffer(relaxed_loop._read_view))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(relaxed_loop._shared.read_view))
     assert address % mmap.PAGESIZE == 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -105,43 +108,146 @@ def test_stdlib_selector_argument_is_wrapped() -> None:
         loop.close()
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 14), reason="policies deprecated on 3.14+")
+@contextlib.contextmanager
+def deprecated_policies() -> Iterator[list[warnings.WarningMessage]]:
+    """Records the warnings of the block; on 3.14+ each access of a policy
+    name must warn once, attributed to this file (the caller's line)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    if sys.version_info >= (3, 14):
+        assert caught, "no DeprecationWarning on 3.14+"
+        for w in caught:
+            assert w.category is DeprecationWarning, w
+            assert w.filename == __file__, f"attributed to {w.filename}:{w.lineno}"
+    else:
+        assert not caught, [str(w.message) for w in caught]
+
+
+def _policy_getter() -> Any:
+    # asyncio.get_event_loop_policy warns on 3.14+; the private twin does not.
+    return getattr(asyncio.events, "_get_event_loop_policy", asyncio.get_event_loop_policy)
+
+
+def _policy_setter() -> Any:
+    return getattr(asyncio.events, "_set_event_loop_policy", asyncio.set_event_loop_policy)
+
+
 def test_policy_and_install() -> None:
-    old = asyncio.get_event_loop_policy()
+    old = _policy_getter()()
     try:
-        policy = asyncio_relaxed.EventLoopPolicy(write="deferred")
+        with deprecated_policies() as caught:
+            policy = asyncio_relaxed.EventLoopPolicy(write="deferred")
         loop = policy.new_event_loop()
         try:
             assert isinstance(loop, asyncio_relaxed.Loop)
             assert loop.config.write is asyncio_relaxed.WriteMode.DEFERRED
         finally:
             loop.close()
-        asyncio_relaxed.install()
+        with deprecated_policies() as caught:
+            asyncio_relaxed.install()
+        # One warning (the attribute's), not asyncio's from inside install().
+        assert len(caught) == (1 if sys.version_info >= (3, 14) else 0)
         assert asyncio.run(which_loop()) is asyncio_relaxed.Loop
     finally:
-        asyncio.set_event_loop_policy(old)
+        _policy_setter()(old)
 
 
 def test_policy_rejects_bad_option_at_creation() -> None:
-    with pytest.raises(ValueError, match="feed_limit=0"):
+    with deprecated_policies(), pytest.raises(ValueError, match="feed_limit=0"):
         asyncio_relaxed.EventLoopPolicy(feed_limit=0)
 
 
-def test_policy_is_lazy_and_warns_on_314(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On 3.14+ the policy names warn like asyncio's; before, they do not."""
+def test_policy_is_lazy_and_warns_on_314() -> None:
+    """On 3.14+ the policy names warn like asyncio's, at the caller's line;
+    before, they do not.  Either way _policy is imported only when asked."""
     code = (
         "import sys, warnings; warnings.simplefilter('error');"
         "import asyncio_relaxed;"
-        "assert '_policy' not in dir(asyncio_relaxed) or True;"
         "assert 'asyncio_relaxed._policy' not in sys.modules;"
         "p = asyncio_relaxed.EventLoopPolicy;"
         "assert 'asyncio_relaxed._policy' in sys.modules"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if sys.version_info >= (3, 14):
-        assert "DeprecationWarning" in result.stderr
+        assert result.returncode == 1
+        assert '<string>", line 1' in result.stderr and "DeprecationWarning" in result.stderr
     else:
         assert result.returncode == 0, result.stderr
+
+
+ENTRY_POINTS = """
+import asyncio, sys
+import asyncio_relaxed
+
+async def main():
+    return type(asyncio.get_running_loop()).__name__
+
+assert asyncio_relaxed.run(main()) == "Loop"
+loop = asyncio_relaxed.new_event_loop()
+assert loop.run_until_complete(main()) == "Loop"
+loop.close()
+if sys.version_info >= (3, 12):
+    assert asyncio.run(main(), loop_factory=asyncio_relaxed.new_event_loop) == "Loop"
+with asyncio.Runner(loop_factory=asyncio_relaxed.new_event_loop) as runner:
+    assert runner.run(main()) == "Loop"
+import asyncio_relaxed.gunicorn as workers
+for name in ("GunicornWebWorker", "UvicornWorker"):
+    getattr(workers, name)
+"""
+
+
+def test_entry_points_raise_no_deprecation_warning() -> None:
+    """run(), new_event_loop(), the loop factory, Runner and the gunicorn
+    workers under -W error::DeprecationWarning (3.14+ deprecates policies)."""
+    result = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", ENTRY_POINTS],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+#: asyncio as it is without its policy system (CPython's main branch for
+#: 3.16, gh-127949): the public policy names and the classes our policy
+#: would derive from are gone.  The loop's policy is made first, as a 3.16
+#: asyncio would keep its loop state without one.
+HIDE_POLICIES = """
+import asyncio, asyncio.events as events, asyncio.unix_events as unix_events
+getattr(events, "_get_event_loop_policy", asyncio.get_event_loop_policy)()
+for module, names in (
+    (asyncio, ("AbstractEventLoopPolicy", "DefaultEventLoopPolicy",
+               "get_event_loop_policy", "set_event_loop_policy")),
+    (events, ("AbstractEventLoopPolicy", "_AbstractEventLoopPolicy",
+              "BaseDefaultEventLoopPolicy", "_BaseDefaultEventLoopPolicy",
+              "get_event_loop_policy", "set_event_loop_policy")),
+    (unix_events, ("DefaultEventLoopPolicy", "_DefaultEventLoopPolicy",
+                   "_UnixDefaultEventLoopPolicy")),
+):
+    for name in names:
+        module.__dict__.pop(name, None)
+    # 3.14 serves the deprecated names through the module's __getattr__.
+    def __getattr__(name, names=names, served=module.__dict__.get("__getattr__")):
+        if name in names or served is None:
+            raise AttributeError(name)
+        return served(name)
+    module.__getattr__ = __getattr__
+"""
+
+
+def test_works_without_asyncio_policies() -> None:
+    """3.16 by design: everything but the policy works without asyncio's
+    policy classes; EventLoopPolicy and install() fail, saying what to use."""
+    code = HIDE_POLICIES + ENTRY_POINTS + """
+for name in ("EventLoopPolicy", "install"):
+    try:
+        getattr(asyncio_relaxed, name)
+    except AttributeError as exc:
+        assert "policy system" in str(exc) and "loop_factory" in str(exc), exc
+    else:
+        raise AssertionError(name + " did not fail")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def test_unknown_attribute_error() -> None:

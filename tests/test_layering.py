@@ -21,15 +21,17 @@ ALLOWED = {
     "_config": set(),
     "_stats": set(),
     "_poller": {"_stats"},
+    "_writes": {"_stats"},
+    "_accept": {"_config"},
     "_compat": set(),
-    "_transport": {"_compat", "_config", "_loop"},  # _loop for type checking only
-    "_loop": {"_compat", "_config", "_poller", "_stats", "_transport"},
+    "_transport": {"_compat", "_config", "_stats", "_writes"},
+    "_loop": {"_accept", "_compat", "_config", "_poller", "_stats", "_transport"},
     "_policy": {"_compat", "_config", "_loop"},
     "__init__": {"_config", "_loop", "_stats", "_policy", "_compat"},
     "__main__": {"__init__", "_config"},
     "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
-BOTTOM = {"_config", "_stats", "_poller"}
+BOTTOM = {"_config", "_stats", "_poller", "_writes", "_accept"}
 
 
 def imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
@@ -77,6 +79,40 @@ def test_private_cpython_names_only_in_compat() -> None:
         text = path.read_text()
         found = [name for name in private if name in text]
         assert not found, f"{path.name} uses {found}; go through _compat"
+
+
+#: asyncio's modules other than its public namespace: only _compat imports them.
+_ASYNCIO_SUBMODULES = {
+    "base_events", "constants", "events", "format_helpers", "futures", "selector_events",
+    "sslproto", "transports", "trsock", "unix_events", "windows_events", "protocols",
+    "runners", "tasks", "streams", "coroutines",
+}
+#: Handle's private fields: made and read as stock's only in _compat.
+_HANDLE_FIELDS = {"_callback", "_args", "_cancelled", "_repr", "_source_traceback"}
+
+
+@pytest.mark.parametrize("module", sorted(set(ALLOWED) - {"_compat"}))
+def test_the_compat_rule(module: str) -> None:
+    """Version gates, asyncio's private modules and writes to a handle's
+    private fields live in _compat, with the versions they were checked
+    against; the rest of the package asks _compat."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "asyncio":
+            names = {alias.name for alias in node.names} & _ASYNCIO_SUBMODULES
+            assert not names, f"{module} imports asyncio.{names}: go through _compat"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("asyncio."):
+            raise AssertionError(f"{module} imports {node.module}: go through _compat")
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                assert not alias.name.startswith("asyncio."), f"{module} imports {alias.name}"
+        if isinstance(node, ast.Attribute) and node.attr == "version_info":
+            raise AssertionError(f"{module} reads sys.version_info: use _compat's PY3xx")
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in _HANDLE_FIELDS:
+                    raise AssertionError(f"{module} writes .{target.attr}: a handle's field")
 
 
 @pytest.mark.parametrize("folder", ["examples", "benchmarks"])

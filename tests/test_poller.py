@@ -1,8 +1,8 @@
 """The deferred-interest poller of ``_poller``, with pipes, socketpairs and files only.
 
-Most tests run on three backends: raw epoll (``Poller()``), and the same
+Most tests run on three backends: raw epoll (``DeferredSelector()``), and the same
 bookkeeping driving a stdlib ``PollSelector`` and ``SelectSelector``.  The
-``epoll_ctl_*`` counters are kept by the Poller itself, so they are the same on
+``epoll_ctl_*`` counters are kept by the DeferredSelector itself, so they are the same on
 every backend.  Tests about epoll's own sharp edges (EPERM, dup'd descriptors)
 use the epoll backend only.
 """
@@ -22,8 +22,8 @@ import pytest
 from asyncio_relaxed._poller import (
     EVENT_READ,
     EVENT_WRITE,
+    DeferredSelector,
     EpollBackend,
-    Poller,
     SelectorBackend,
     default_backend,
 )
@@ -32,25 +32,25 @@ from asyncio_relaxed._stats import Counters
 R = EVENT_READ
 W = EVENT_WRITE
 
-BACKENDS: dict[str, Callable[[], Poller]] = {
-    "epoll": lambda: Poller(),
-    "poll": lambda: Poller(SelectorBackend(selectors.PollSelector())),
-    "select": lambda: Poller(SelectorBackend(selectors.SelectSelector())),
+BACKENDS: dict[str, Callable[[], DeferredSelector]] = {
+    "epoll": lambda: DeferredSelector(),
+    "poll": lambda: DeferredSelector(SelectorBackend(selectors.PollSelector())),
+    "select": lambda: DeferredSelector(SelectorBackend(selectors.SelectSelector())),
 }
 
 Pair = Callable[[], "tuple[socket.socket, socket.socket]"]
 
 
 @pytest.fixture(params=list(BACKENDS))
-def poller(request: pytest.FixtureRequest) -> Iterator[Poller]:
+def poller(request: pytest.FixtureRequest) -> Iterator[DeferredSelector]:
     p = BACKENDS[request.param]()
     yield p
     p.close()
 
 
 @pytest.fixture
-def epoll() -> Iterator[Poller]:
-    p = Poller()
+def epoll() -> Iterator[DeferredSelector]:
+    p = DeferredSelector()
     assert p.backend_name == "epoll"
     yield p
     p.close()
@@ -71,7 +71,7 @@ def pair() -> Iterator[Pair]:
         sock.close()
 
 
-def ctl(p: Poller) -> tuple[int, int, int]:
+def ctl(p: DeferredSelector) -> tuple[int, int, int]:
     """(ADD, MOD, DEL) sent to the kernel so far."""
     return (p.stats.epoll_ctl_add, p.stats.epoll_ctl_mod, p.stats.epoll_ctl_del)
 
@@ -95,7 +95,7 @@ def by_fd(ready: list[tuple[selectors.SelectorKey, int]]) -> list[tuple[int, int
 def test_default_backend_kinds(kind: str, backend_type: type, name: str) -> None:
     """default_backend(kind) gives the documented backend type and name on Linux."""
     backend = default_backend(kind)
-    p = Poller(backend)
+    p = DeferredSelector(backend)
     try:
         assert type(backend) is backend_type
         assert backend.name == name
@@ -113,8 +113,9 @@ def test_default_backend_kinds(kind: str, backend_type: type, name: str) -> None
     ],
 )
 def test_plain_stdlib_selector_is_wrapped(selector_type: type, name: str) -> None:
-    """A stdlib selector passed to Poller is wrapped in a SelectorBackend named after it."""
-    p = Poller(selector_type())
+    """A stdlib selector passed to DeferredSelector is wrapped in a
+    SelectorBackend named after it."""
+    p = DeferredSelector(selector_type())
     try:
         assert type(p._backend) is SelectorBackend
         assert p.backend_name == name
@@ -123,9 +124,9 @@ def test_plain_stdlib_selector_is_wrapped(selector_type: type, name: str) -> Non
 
 
 def test_given_counters_are_used(pair: Pair) -> None:
-    """Poller(stats=...) counts into the Counters it was given."""
+    """DeferredSelector(stats=...) counts into the Counters it was given."""
     counters = Counters()
-    p = Poller(stats=counters)
+    p = DeferredSelector(stats=counters)
     try:
         a, _ = pair()
         p.register(a, R)
@@ -138,7 +139,7 @@ def test_given_counters_are_used(pair: Pair) -> None:
 
 def test_epoll_fileno_is_valid_until_close() -> None:
     """The epoll backend's fileno() is an open fd until close(), and close() twice is fine."""
-    p = Poller()
+    p = DeferredSelector()
     fd = p.fileno()
     assert fd >= 0
     os.fstat(fd)  # an open descriptor
@@ -158,7 +159,7 @@ def test_selector_backend_without_fileno_answers_minus_one() -> None:
         p.close()
 
 
-def test_close_is_idempotent(poller: Poller, pair: Pair) -> None:
+def test_close_is_idempotent(poller: DeferredSelector, pair: Pair) -> None:
     """close() forgets every key and may be called again."""
     a, _ = pair()
     poller.register(a, R)
@@ -171,7 +172,7 @@ def test_close_is_idempotent(poller: Poller, pair: Pair) -> None:
 # -- register: applied at once, visible at once ----------------------------
 
 
-def test_register_applies_at_once(poller: Poller, pair: Pair) -> None:
+def test_register_applies_at_once(poller: DeferredSelector, pair: Pair) -> None:
     """register() sends exactly one ADD immediately and leaves nothing pending."""
     a, _ = pair()
     key = poller.register(a, R, "data")
@@ -181,7 +182,9 @@ def test_register_applies_at_once(poller: Poller, pair: Pair) -> None:
     assert poller.stats.poll_waits == 0
 
 
-def test_get_key_and_get_map_reflect_changes_synchronously(poller: Poller, pair: Pair) -> None:
+def test_get_key_and_get_map_reflect_changes_synchronously(
+    poller: DeferredSelector, pair: Pair,
+) -> None:
     """get_key/get_map see register, modify and unregister before any flush."""
     a, _ = pair()
     c, _ = pair()
@@ -209,7 +212,7 @@ def test_get_key_and_get_map_reflect_changes_synchronously(poller: Poller, pair:
     assert ctl(poller) == (2, 0, 1)
 
 
-def test_register_of_closed_fd_raises_at_once(epoll: Poller) -> None:
+def test_register_of_closed_fd_raises_at_once(epoll: DeferredSelector) -> None:
     """On epoll, registering a closed fd raises OSError(EBADF) from register() itself."""
     r, w = os.pipe()
     os.close(w)
@@ -228,7 +231,7 @@ def _closed_socket() -> socket.socket:
     return sock
 
 
-# Each case is an operation run on the Poller and
+# Each case is an operation run on the DeferredSelector and
 # on a stdlib SelectSelector; the exception type and text must be the same.
 NOT_A_FILE = object()
 _CLOSED = _closed_socket()
@@ -258,7 +261,7 @@ AFTER_ERROR = {
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
-def test_errors_match_stdlib_selectors(poller: Poller, pair: Pair, case: str) -> None:
+def test_errors_match_stdlib_selectors(poller: DeferredSelector, pair: Pair, case: str) -> None:
     """Error types and texts are those of stdlib selectors; a failed register leaves no key."""
     a, _ = pair()
     operation = ERROR_CASES[case]
@@ -276,7 +279,7 @@ def test_errors_match_stdlib_selectors(poller: Poller, pair: Pair, case: str) ->
     assert ctl(poller) == (adds, 0, dels)
 
 
-def test_error_texts(poller: Poller, pair: Pair) -> None:
+def test_error_texts(poller: DeferredSelector, pair: Pair) -> None:
     """The KeyError texts are the familiar selectors ones."""
     a, _ = pair()
     poller.register(a, R)
@@ -290,7 +293,9 @@ def test_error_texts(poller: Poller, pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("events", [0, 4, R | W | 8])
-def test_modify_with_bad_events_keeps_the_key(poller: Poller, pair: Pair, events: int) -> None:
+def test_modify_with_bad_events_keeps_the_key(
+    poller: DeferredSelector, pair: Pair, events: int,
+) -> None:
     """modify() with invalid events raises ValueError and changes nothing."""
     a, _ = pair()
     key = poller.register(a, R)
@@ -300,7 +305,7 @@ def test_modify_with_bad_events_keeps_the_key(poller: Poller, pair: Pair, events
     assert poller.pending_changes == 0
 
 
-def test_closed_socket_is_found_by_identity(poller: Poller, pair: Pair) -> None:
+def test_closed_socket_is_found_by_identity(poller: DeferredSelector, pair: Pair) -> None:
     """A socket closed while registered is still found, by identity, and can be unregistered."""
     a, _ = pair()
     key = poller.register(a, R)
@@ -316,7 +321,7 @@ def test_closed_socket_is_found_by_identity(poller: Poller, pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("how", ["select", "flush"])
-def test_modify_is_deferred_until_flush(poller: Poller, pair: Pair, how: str) -> None:
+def test_modify_is_deferred_until_flush(poller: DeferredSelector, pair: Pair, how: str) -> None:
     """modify() sends nothing until select()/flush(), then exactly one MOD."""
     a, _ = pair()
     poller.register(a, R)
@@ -334,7 +339,7 @@ def test_modify_is_deferred_until_flush(poller: Poller, pair: Pair, how: str) ->
     assert ctl(poller) == (1, 1, 0)
 
 
-def test_modify_there_and_back_costs_nothing(poller: Poller, pair: Pair) -> None:
+def test_modify_there_and_back_costs_nothing(poller: DeferredSelector, pair: Pair) -> None:
     """modify to R|W and back to R before the flush sends no MOD."""
     a, _ = pair()
     poller.register(a, R)
@@ -345,7 +350,7 @@ def test_modify_there_and_back_costs_nothing(poller: Poller, pair: Pair) -> None
     assert poller.get_key(a) == key
 
 
-def test_modify_data_only_is_not_a_change(poller: Poller, pair: Pair) -> None:
+def test_modify_data_only_is_not_a_change(poller: DeferredSelector, pair: Pair) -> None:
     """modify() with the same events and new data updates the key, marks nothing dirty."""
     a, b = pair()
     poller.register(a, R, "old")
@@ -357,7 +362,7 @@ def test_modify_data_only_is_not_a_change(poller: Poller, pair: Pair) -> None:
     assert ctl(poller) == (1, 0, 0)
 
 
-def test_unregister_of_unowned_fd_is_sent_at_once(poller: Poller, pair: Pair) -> None:
+def test_unregister_of_unowned_fd_is_sent_at_once(poller: DeferredSelector, pair: Pair) -> None:
     """Nobody promised to release() it: the DEL goes out before the fd can be closed."""
     a, b = pair()
     poller.register(a, R)
@@ -370,37 +375,39 @@ def test_unregister_of_unowned_fd_is_sent_at_once(poller: Poller, pair: Pair) ->
 
 
 def test_requeue_is_one_del_and_one_add_and_keeps_the_fd_polled(
-    epoll: Poller, pair: Pair
+    epoll: DeferredSelector, pair: Pair
 ) -> None:
     """requeue() registers the fd with the kernel anew, at once; what is
     polled does not change: a ready fd is still reported by the next poll."""
     a, b = pair()
     epoll.register(a, R)
     b.send(b"x")
-    assert epoll.requeue(a.fileno())
+    assert epoll.reregister(a.fileno())
     assert ctl(epoll) == (2, 0, 1)
     assert epoll.pending_changes == 0
     assert by_fd(epoll.select(0)) == [(a.fileno(), R)]
 
 
 def test_requeue_sends_nothing_unless_the_kernel_holds_what_is_wanted(
-    poller: Poller, pair: Pair
+    poller: DeferredSelector, pair: Pair
 ) -> None:
     a, _ = pair()
     fd = a.fileno()
-    assert not poller.requeue(fd)  # not registered
+    assert not poller.reregister(fd)  # not registered
     poller.register(a, R)
     poller.modify(a, R | W)
-    assert not poller.requeue(fd)  # a change is pending
+    assert not poller.reregister(fd)  # a change is pending
     poller.select(0)
     sent = ctl(poller)
     # epoll only: the point is epoll's wait-queue order; others send nothing.
-    assert poller.requeue(fd) is (poller.backend_name == "epoll")
+    assert poller.reregister(fd) is (poller.backend_name == "epoll")
     if poller.backend_name != "epoll":
         assert ctl(poller) == sent
 
 
-def test_unregister_of_owned_fd_is_deferred_then_one_del(poller: Poller, pair: Pair) -> None:
+def test_unregister_of_owned_fd_is_deferred_then_one_del(
+    poller: DeferredSelector, pair: Pair,
+) -> None:
     """An owned fd's unregister() sends one DEL at the flush; events stop."""
     a, b = pair()
     poller.own(a.fileno())
@@ -415,7 +422,7 @@ def test_unregister_of_owned_fd_is_deferred_then_one_del(poller: Poller, pair: P
     assert poller.stats.events == 0
 
 
-def test_owned_read_removal_is_lazy_until_an_event(poller: Poller, pair: Pair) -> None:
+def test_owned_read_removal_is_lazy_until_an_event(poller: DeferredSelector, pair: Pair) -> None:
     """An owned fd whose reading interest is dropped stays polled: nothing is
     sent at the flush; the first unwanted event sends the DEL and is dropped."""
     a, b = pair()
@@ -440,7 +447,9 @@ def test_owned_read_removal_is_lazy_until_an_event(poller: Poller, pair: Pair) -
     assert ctl(poller) == (1, 1, 1)
 
 
-def test_ready_gives_fd_data_mask_and_select_equal_keys(poller: Poller, pair: Pair) -> None:
+def test_ready_gives_fd_data_mask_and_select_equal_keys(
+    poller: DeferredSelector, pair: Pair,
+) -> None:
     """ready() is select() for the loop: (fd, data, mask), no SelectorKey made;
     keys are made on demand and equal to what register returned."""
     a, b = pair()
@@ -456,7 +465,7 @@ def test_ready_gives_fd_data_mask_and_select_equal_keys(poller: Poller, pair: Pa
     assert poller.get_key(a.fileno()).fileobj is a  # the file object, not the fd
 
 
-def test_common_state_costs_no_state_entry(poller: Poller, pair: Pair) -> None:
+def test_common_state_costs_no_state_entry(poller: DeferredSelector, pair: Pair) -> None:
     """A connection's usual state (owned, reading, kernel told) is implied by
     its registration: the state table holds entries only for the others,
     one dict entry less per idle connection (tests/test_memory.py)."""
@@ -482,7 +491,7 @@ def test_common_state_costs_no_state_entry(poller: Poller, pair: Pair) -> None:
     assert (poller._state, poller._data) == ({}, {})
 
 
-def test_owned_write_removal_is_sent_at_the_flush(poller: Poller, pair: Pair) -> None:
+def test_owned_write_removal_is_sent_at_the_flush(poller: DeferredSelector, pair: Pair) -> None:
     a, _ = pair()
     poller.own(a.fileno())
     poller.register(a, R | W)
@@ -491,7 +500,7 @@ def test_owned_write_removal_is_sent_at_the_flush(poller: Poller, pair: Pair) ->
     assert ctl(poller) == (1, 1, 0)
 
 
-def test_lazy_read_removal_keeps_writes_flowing(poller: Poller, pair: Pair) -> None:
+def test_lazy_read_removal_keeps_writes_flowing(poller: DeferredSelector, pair: Pair) -> None:
     """R|W -> W on an owned fd: lazy, W events still arrive; an R event
     nobody wants sends one MOD and is not reported."""
     a, b = pair()
@@ -510,7 +519,7 @@ def test_lazy_read_removal_keeps_writes_flowing(poller: Poller, pair: Pair) -> N
 # -- unregister + register before the flush -----------------------------------
 
 
-def test_pause_resume_same_socket_costs_nothing(poller: Poller, pair: Pair) -> None:
+def test_pause_resume_same_socket_costs_nothing(poller: DeferredSelector, pair: Pair) -> None:
     """unregister + register of an owned fd before the flush sends no epoll_ctl."""
     a, b = pair()
     poller.own(a.fileno())
@@ -525,7 +534,7 @@ def test_pause_resume_same_socket_costs_nothing(poller: Poller, pair: Pair) -> N
     assert poller.stats.events == 1
 
 
-def test_pause_resume_with_other_events_is_one_mod(poller: Poller, pair: Pair) -> None:
+def test_pause_resume_with_other_events_is_one_mod(poller: DeferredSelector, pair: Pair) -> None:
     """unregister + register of an owned fd for other events is one MOD at the flush."""
     a, _ = pair()
     poller.own(a.fileno())
@@ -537,7 +546,7 @@ def test_pause_resume_with_other_events_is_one_mod(poller: Poller, pair: Pair) -
     assert ctl(poller) == (1, 1, 0)
 
 
-def test_pause_resume_then_pause_again_is_one_del(poller: Poller, pair: Pair) -> None:
+def test_pause_resume_then_pause_again_is_one_del(poller: DeferredSelector, pair: Pair) -> None:
     """unregister, register, unregister of an owned fd before the flush is a single DEL."""
     a, b = pair()
     poller.own(a.fileno())
@@ -550,7 +559,7 @@ def test_pause_resume_then_pause_again_is_one_del(poller: Poller, pair: Pair) ->
     assert ctl(poller) == (1, 0, 1)
 
 
-def test_release_applies_the_pending_removal(poller: Poller, pair: Pair) -> None:
+def test_release_applies_the_pending_removal(poller: DeferredSelector, pair: Pair) -> None:
     """release() before close sends the deferred DEL while the fd is still open."""
     a, _ = pair()
     poller.own(a.fileno())
@@ -564,7 +573,7 @@ def test_release_applies_the_pending_removal(poller: Poller, pair: Pair) -> None
     assert ctl(poller) == (1, 0, 1)
 
 
-def test_reregister_int_fd_is_applied(poller: Poller, pair: Pair) -> None:
+def test_reregister_int_fd_is_applied(poller: DeferredSelector, pair: Pair) -> None:
     """unregister + register of a plain int fd is sent to the kernel, and events still arrive."""
     a, b = pair()
     fd = a.fileno()
@@ -583,7 +592,7 @@ def test_reregister_int_fd_is_applied(poller: Poller, pair: Pair) -> None:
     [("object", "object"), ("object", "int"), ("int", "int"), ("int", "object")],
 )
 def test_reused_fd_number_reports_the_new_socket(
-    poller: Poller, pair: Pair, first: str, second: str
+    poller: DeferredSelector, pair: Pair, first: str, second: str
 ) -> None:
     """A closed socket's fd number reused by a new socket in the same iteration still works."""
     a, _a_peer = pair()
@@ -604,8 +613,8 @@ def test_reused_fd_number_reports_the_new_socket(
 
 @pytest.mark.parametrize("events", [R, R | W])
 def test_reused_fd_number_with_wrapped_epoll_selector(pair: Pair, events: int) -> None:
-    """A reused fd number works when the Poller wraps a stdlib EpollSelector."""
-    p = Poller(selectors.EpollSelector())
+    """A reused fd number works when the DeferredSelector wraps a stdlib EpollSelector."""
+    p = DeferredSelector(selectors.EpollSelector())
     try:
         a, _a_peer = pair()
         number = a.fileno()
@@ -626,7 +635,7 @@ def test_reused_fd_number_with_wrapped_epoll_selector(pair: Pair, events: int) -
 
 
 @pytest.mark.parametrize("as_int", [False, True], ids=["pipe", "fd"])
-def test_del_of_closed_fd_is_ignored(poller: Poller, as_int: bool) -> None:
+def test_del_of_closed_fd_is_ignored(poller: DeferredSelector, as_int: bool) -> None:
     """A DEL pending for an fd closed in the meantime does not raise."""
     r, w = os.pipe()
     rfile = open(r, "rb", buffering=0)
@@ -644,7 +653,7 @@ def test_del_of_closed_fd_is_ignored(poller: Poller, as_int: bool) -> None:
 
 @pytest.mark.parametrize("number_reused", [False, True], ids=["number-free", "number-reused"])
 def test_stray_events_from_dup_rebuild_the_epoll_set(
-    epoll: Poller, pair: Pair, number_reused: bool
+    epoll: DeferredSelector, pair: Pair, number_reused: bool
 ) -> None:
     """A dup keeping a removed, closed fd's registration alive is cleared, other fds survive."""
     a, a_peer = pair()
@@ -684,7 +693,7 @@ def test_stray_events_from_dup_rebuild_the_epoll_set(
     assert epoll.select(0) == []
 
 
-def test_dup_then_reuse_by_registered_socket(epoll: Poller, pair: Pair) -> None:
+def test_dup_then_reuse_by_registered_socket(epoll: DeferredSelector, pair: Pair) -> None:
     """A new socket on a dup'd, closed fd's number is not reported ready by the old file."""
     a, a_peer = pair()
     epoll.register(a, R)
@@ -705,7 +714,7 @@ def test_dup_then_reuse_by_registered_socket(epoll: Poller, pair: Pair) -> None:
         os.close(dup)
 
 
-def test_deferred_change_on_closed_fd_is_ignored(epoll: Poller) -> None:
+def test_deferred_change_on_closed_fd_is_ignored(epoll: DeferredSelector) -> None:
     """A deferred MOD of an fd closed while registered is dropped quietly, like stock."""
     r, w = os.pipe()
     os.close(w)
@@ -728,7 +737,7 @@ class _FullEpoll(EpollBackend):
 
 def test_refused_deferred_change_goes_to_on_error() -> None:
     """A deferred MOD refused for a real reason reaches on_error, or raises without one."""
-    poller = Poller(_FullEpoll())
+    poller = DeferredSelector(_FullEpoll())
     r, w = os.pipe()
     try:
         poller.register(r, R)
@@ -768,7 +777,7 @@ def always_ready(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]
             os.close(fd)
 
 
-def test_eperm_file_is_always_ready(epoll: Poller, pair: Pair, always_ready: Any) -> None:
+def test_eperm_file_is_always_ready(epoll: DeferredSelector, pair: Pair, always_ready: Any) -> None:
     """A file epoll refuses is registered without error and ready on every poll, never blocking."""
     a, _ = pair()
     epoll.register(a, R)  # not ready: would block select(None) alone
@@ -787,7 +796,7 @@ def test_eperm_file_is_always_ready(epoll: Poller, pair: Pair, always_ready: Any
     assert epoll.stats.events == 2
 
 
-def test_eperm_file_reports_its_current_events(epoll: Poller, always_ready: Any) -> None:
+def test_eperm_file_reports_its_current_events(epoll: DeferredSelector, always_ready: Any) -> None:
     """modify() of an always-ready file changes what it reports, without any epoll_ctl."""
     epoll.register(always_ready, R)
     key = epoll.modify(always_ready, R | W)
@@ -800,7 +809,9 @@ def test_eperm_file_reports_its_current_events(epoll: Poller, always_ready: Any)
 
 
 @pytest.mark.parametrize("timeout", [1e-9, 1e-6, 0.0004, 0, -1])
-def test_tiny_or_negative_timeout_returns_empty(poller: Poller, pair: Pair, timeout: float) -> None:
+def test_tiny_or_negative_timeout_returns_empty(
+    poller: DeferredSelector, pair: Pair, timeout: float,
+) -> None:
     """A tiny positive, zero or negative timeout does not raise and returns []."""
     a, _ = pair()
     poller.register(a, R)
@@ -809,7 +820,9 @@ def test_tiny_or_negative_timeout_returns_empty(poller: Poller, pair: Pair, time
     assert poller.stats.events == 0
 
 
-def test_events_counts_ready_pairs_filtered_by_interest(poller: Poller, pair: Pair) -> None:
+def test_events_counts_ready_pairs_filtered_by_interest(
+    poller: DeferredSelector, pair: Pair,
+) -> None:
     """select() reports each ready fd once, masked by its interest; events counts the pairs."""
     a, a_peer = pair()
     c, _ = pair()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import sys
 from typing import Any
 
 import pytest
@@ -92,8 +91,6 @@ def test_start_tls_upgrade(
         server.close()
         await server.wait_closed()
 
-    if sys.version_info < (3, 11):
-        pytest.skip("StreamWriter.start_tls is new in 3.11")
     run(loop, main())
 
 

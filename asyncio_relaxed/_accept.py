@@ -1,0 +1,429 @@
+"""The accept path: one Listener per listening socket, and the strategies.
+
+Theory of operation
+===================
+
+A :class:`Listener` is what stock asyncio threads through ``_start_serving``
+-> ``_accept_connection`` -> ``_accept_connection2`` as six positional
+arguments (protocol factory, socket, SSL context, server, backlog, the SSL
+timeouts; on 3.15 the server's context too), plus the state a listener has
+between readiness events, after uvloop's ``UVStreamServer``.  The loop
+registers ``listener.ready`` as the socket's reader; each readiness event
+runs one strategy (:class:`~asyncio_relaxed.AcceptStrategy`), one subclass
+each.  A listener is in one of four states:
+
+* ``POLLED``: its reader is registered; the next readiness event accepts;
+* ``RESTING``: accept=balanced took it out of the poller for a rest, and
+  ``timer`` ends the rest;
+* ``BACKING_OFF``: accept() failed for lack of a resource (EMFILE and
+  friends); Linux keeps reporting the listener ready, so it left the poller
+  or the loop would spin, and ``timer`` (stock's retry, ACCEPT_RETRY_DELAY
+  later) polls it again.  Open connections are served meanwhile.  The error
+  is reported once per episode (``failing``), not once per retry as stock does;
+* ``STOPPED``: the server closed it (``_stop_serving``); a pending timer is
+  cancelled, so no rest or retry outlives its listener.
+
+What a listener asks of its loop: its counters and settings, the poller's
+``reregister``, ``_add_reader``/``_remove_reader``, ``call_later``, and three
+hooks of the loop's own: ``_accepted`` (serve a new connection: a transport,
+or stock's task for TLS), ``_accept_starved`` (report, then stock's retry)
+and ``_accept_rest`` (schedule the end of a rest).
+
+The accept queue's length
+-------------------------
+An accept() that finds the queue empty is the dearest system call of the
+path: Linux allocates the new socket and its file before it looks at the
+queue (net/socket.c do_accept), then frees them again.  Stock's batch ends
+every event with one.  On Linux a TCP listener's ``tcp_info.tcpi_unacked``
+is its accept queue's length (what ``ss`` shows as Recv-Q), so after the
+first accept of an event the batch takes no more than that; where the
+length is unknown (not Linux, not TCP) it accepts until EAGAIN, as stock.
+Measured in one process on the benchmark machine: accept() -> EAGAIN
+6-8 us, getsockopt(TCP_INFO) 1.5-1.8 us, EPOLL_CTL_DEL + ADD 2.7-2.8 us,
+call_later + cancel 3.4-5.2 us.
+
+Balanced: fairness without shared memory
+----------------------------------------
+Pre-forked workers sharing one listening socket each poll it in their own
+epoll set, so one incoming connection wakes every idle worker, and the one
+that runs first takes it before the others return from epoll_wait.  That
+race does not look at load, and its winner is not random: the scheduler
+picks the same workers, so under light load one worker can starve (the
+fairness benchmark, 4 workers on one CPU, one keep-alive client: one worker
+got 0-2 % of the connections under stock asyncio and uvloop alike).
+
+The loop is made after fork() by code that did not make the listener, so a
+worker cannot see what its siblings hold.  accept=balanced changes the race
+instead: after every event in which it accepted, the worker registers the
+listener with its epoll set anew (``DeferredSelector.reregister``: EPOLL_CTL_DEL, then
+EPOLL_CTL_ADD; a MOD would leave the registration where it is).  epoll puts
+a new registration at the head of the file's wait queue (add_wait_queue), so
+the worker that accepted last changes its place in the order in which the
+next connection wakes the sleepers, and the winner rotates.  Why the
+rotation comes out even is not proven (the scheduler decides which of the
+woken runs first); the fairness benchmark measures it: Jain >= 0.99 at each
+of its 12 points (2 and 4 workers; 1, 10 and 100 clients; keep-alive and
+close per request), where batch reads 0.75 under one keep-alive client.
+
+After the first accept the worker takes what is queued, as batch does (one
+accept per event ran at 0.64-0.66x batch's connections/s under 100
+close-per-request clients); the rotation survives because connections queue
+only while no worker has got to them yet, and the listener is re-registered
+once per event whatever the burst.
+
+Load: a worker that holds more connections should win fewer of the next ones
+(nginx's ``accept_disabled``).  Without its share known, a worker steps aside
+in proportion to what it holds: when, after an event's accepts, it holds more
+than one open connection, the listener rests out of its poller for cooldown x
+open connections (:class:`BalancedGate`), and the re-registration comes when
+the rest ends; a worker holding less is back sooner and wins more.  At the
+end of a rest the queue's length tells whether connections waited for it
+(where it is unknown, one accept does): then they are taken and cooldown
+halves, else it grows back towards its cap.  A worker holding one connection
+or none re-registers at once: no timer.  A lost race (the first accept finds
+nothing) changes nothing.  On backends other than epoll the re-registration sends
+nothing: balanced is then batch.
+
+This module knows nothing of asyncio; the loop binds it.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import socket
+import sys
+import time
+from typing import Any
+
+from ._config import AcceptStrategy
+
+__all__ = [
+    "BALANCED_GROW",
+    "BALANCED_MAX_COOLDOWN",
+    "BALANCED_MAX_REST",
+    "BALANCED_MIN_COOLDOWN",
+    "BALANCED_SHRINK",
+    "BalancedGate",
+    "Listener",
+    "ListenerState",
+    "Outcome",
+    "accept_queue_length",
+    "listener_class",
+]
+
+#: accept() errors that mean "out of a resource", not "this connection failed":
+#: the listener backs off instead of spinning on an fd that stays ready.
+RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+#: Linux exposes a TCP listener's accept-queue length in struct tcp_info
+#: (tcpi_unacked, bytes 24-27 in host order, after eight one-byte fields and
+#: four 32-bit ones; stable since Linux 2.6, read by ss for Recv-Q).
+QUEUE_LENGTH_KNOWN = sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO")
+_TCPI_UNACKED_END = 28
+
+#: Bounds of cooldown, seconds of rest per open connection; cooldown starts
+#: at the cap.  The cap: 0.1 ms, where 4 workers under one keep-alive or one
+#: close-per-request client were as fair as with any fixed cooldown from
+#: 1 us to 0.3 ms (Jain 0.999-1.000, the fairness benchmark), and below the
+#: gap between a close-per-request client's connections (about 0.35 ms).
+#: The floor keeps the rest short under saturation.
+BALANCED_MIN_COOLDOWN = 10e-6
+BALANCED_MAX_COOLDOWN = 0.1e-3
+#: Longest rest, seconds, whatever the open connections.
+BALANCED_MAX_REST = 0.05
+#: Factors on cooldown after a rest that kept nobody waiting (GROW) and after
+#: one that did (SHRINK): from any history, back at the cap after at most
+#: ln(MAX/MIN)/ln(GROW) = 48 idle rests, so workers' cooldowns converge.
+BALANCED_GROW = 1.05
+BALANCED_SHRINK = 0.5
+
+
+def accept_queue_length(sock: socket.socket) -> int | None:
+    """Connections waiting in *sock*'s accept queue, or None where unknown."""
+    if not QUEUE_LENGTH_KNOWN or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED_END)
+    except OSError:
+        return None
+    if len(info) < _TCPI_UNACKED_END:
+        return None
+    return int.from_bytes(info[_TCPI_UNACKED_END - 4:_TCPI_UNACKED_END], sys.byteorder)
+
+
+class BalancedGate:
+    """accept=balanced's cooldown: how long a listener rests (see above)."""
+
+    __slots__ = ("cooldown", "rests_idle", "rests_waited")
+
+    def __init__(self) -> None:
+        self.cooldown = BALANCED_MAX_COOLDOWN  # seconds of rest per open connection
+        self.rests_idle = 0  # rests that kept nobody waiting (for tests, debugging)
+        self.rests_waited = 0  # rests that ended with connections waiting
+
+    def rest(self, open_connections: int) -> float:
+        """Seconds to stay out of the poller, holding *open_connections*."""
+        return min(self.cooldown * open_connections, BALANCED_MAX_REST)
+
+    def rested(self, waited: bool) -> None:
+        """A rest ended; connections *waited* for it, or none did."""
+        if waited:
+            self.rests_waited += 1
+            self.cooldown = max(self.cooldown * BALANCED_SHRINK, BALANCED_MIN_COOLDOWN)
+        else:
+            self.rests_idle += 1
+            self.cooldown = min(self.cooldown * BALANCED_GROW, BALANCED_MAX_COOLDOWN)
+
+
+class Outcome(enum.Enum):
+    """What one accept() gave."""
+
+    CONNECTION = "connection"  # a new connection, now being served
+    EMPTY = "empty"  # the queue was empty (a sibling may have won the race)
+    ABORTED = "aborted"  # the peer reset it before accept(); others may wait
+    STARVED = "starved"  # out of a resource: the listener is backing off
+
+
+class ListenerState(enum.Enum):
+    POLLED = "polled"
+    RESTING = "resting"
+    BACKING_OFF = "backing off"
+    STOPPED = "stopped"
+
+
+_CONNECTION = Outcome.CONNECTION
+_ABORTED = Outcome.ABORTED
+_POLLED = ListenerState.POLLED
+
+
+class Listener:
+    """One listening socket being served (see the theory of operation).
+
+    The fields named as stock's ``_start_serving`` arguments hold what it
+    was called with; ``context`` is the server's context on 3.15 (None
+    before, or when the caller gave none).  ``open_count()`` is the number of
+    connections the listener's server holds, for accept=balanced.
+    """
+
+    __slots__ = (
+        "backlog",
+        "context",
+        "failing",
+        "loop",
+        "protocol_factory",
+        "server",
+        "sock",
+        "sslcontext",
+        "state",
+        "stats",
+        "timeouts",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        loop: Any,
+        protocol_factory: Any,
+        sock: socket.socket,
+        sslcontext: Any,
+        server: Any,
+        backlog: int,
+        timeouts: tuple[Any, ...],
+        context: Any,
+    ) -> None:
+        self.loop = loop
+        self.stats = loop._stats
+        self.protocol_factory = protocol_factory
+        self.sock = sock
+        self.sslcontext = sslcontext
+        self.server = server
+        self.backlog = backlog
+        self.timeouts = timeouts
+        self.context = context
+        self.state = _POLLED
+        self.failing = False  # in an accept-resource-error episode (reported once)
+        self.timer: Any = None  # ends a rest or a back-off
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} fd={self.sock.fileno()} {self.state.value}>"
+
+    @property
+    def batch(self) -> int:
+        """Most accepts per readiness event: accept_batch, else the backlog."""
+        return int(self.loop._config.accept_batch or self.backlog)
+
+    # -- one readiness event ----------------------------------------------
+
+    def ready(self) -> None:
+        """The listening socket is readable: accept by the strategy."""
+        raise NotImplementedError
+
+    def accept_one(self) -> Outcome:
+        """One accept(); a connection it gives is handed to the loop."""
+        stats = self.stats
+        stats.accept += 1
+        try:
+            conn, addr = self.sock.accept()
+            conn.setblocking(False)
+        except (BlockingIOError, InterruptedError):
+            stats.accept_eagain += 1
+            return Outcome.EMPTY
+        except ConnectionAbortedError:
+            # Discarded, and the batch goes on (gh-127529, stock from 3.14).
+            return _ABORTED
+        except OSError as exc:
+            if exc.errno not in RESOURCE_ERRNOS:
+                raise  # The event loop will catch, log and ignore it.
+            self.back_off(exc)
+            return Outcome.STARVED
+        self.failing = False
+        self.loop._accepted(self, conn, addr)
+        return _CONNECTION
+
+    def take_queued(self) -> bool:
+        """One accept, then as many as the queue holds, up to :attr:`batch`
+        in all: whether the first gave a connection and no resource error
+        stopped the rest (then the listener is still polled)."""
+        first = self.accept_one()
+        if first is not _CONNECTION and first is not _ABORTED:
+            return False
+        budget = self.batch - 1
+        taken = 0
+        if budget > 0:  # a batch of one needs no queue length
+            taken = self.burst(budget, accept_queue_length(self.sock))
+        return (first is _CONNECTION or taken > 0) and self.state is _POLLED
+
+    def burst(self, budget: int, queued: int | None) -> int:
+        """Up to *budget* accepts, no more than *queued* where known (so none
+        finds the queue empty), else until one finds it empty or a resource
+        error stops them: how many gave a connection."""
+        if queued is not None:
+            budget = min(budget, queued)
+        taken = 0
+        for _ in range(budget):
+            outcome = self.accept_one()
+            if outcome is _CONNECTION:
+                taken += 1
+            elif outcome is not _ABORTED:
+                break
+        return taken
+
+    # -- leaving and rejoining the poller ---------------------------------
+
+    def back_off(self, exc: OSError) -> None:
+        """EMFILE and friends: out of the poller until stock's retry."""
+        loop = self.loop
+        loop._remove_reader(self.sock.fileno())
+        self.state = ListenerState.BACKING_OFF
+        self.timer = loop._accept_starved(self, exc, not self.failing)
+        self.failing = True
+
+    def resume(self) -> None:
+        """Polled again (the loop's _start_serving registered the reader)."""
+        self.state = _POLLED
+        self.timer = None
+
+    def stop(self) -> None:
+        """The server stopped serving this socket: no timer outlives it."""
+        self.state = ListenerState.STOPPED
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.cancel()
+
+
+class BatchListener(Listener):
+    """accept=batch: up to accept_batch per event (stock, bpo-27906), none
+    into an empty queue where its length is known."""
+
+    __slots__ = ()
+
+    def ready(self) -> None:
+        self.take_queued()
+
+
+class SingleListener(Listener):
+    """accept=single: one accept per event (libuv >= 1.45, uvloop); the
+    poller reports the listener again while more are queued."""
+
+    __slots__ = ()
+
+    def ready(self) -> None:
+        self.accept_one()
+
+
+class RelaxedListener(Listener):
+    """accept=relaxed: one accept, then give up the time slice so a sibling
+    process sharing the listener wins the next connection."""
+
+    __slots__ = ()
+
+    def ready(self) -> None:
+        if self.accept_one() is _CONNECTION:
+            # nanosleep, not sched_yield, which yields only to processes on
+            # this CPU (libuv's relaxed accept).
+            time.sleep(1e-9)
+
+
+class BalancedListener(Listener):
+    """accept=balanced: take what is queued, then register the listener anew
+    so the race rotates: at once, or after a rest when this worker holds more
+    than one connection (see the theory of operation)."""
+
+    __slots__ = ("gate",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.gate = BalancedGate()
+
+    def open_count(self) -> int:
+        return int(self.loop._server_open_count(self.server)) if self.server is not None else 1
+
+    def ready(self) -> None:
+        if not self.take_queued():
+            return  # a sibling won the race, or a resource error: backing off
+        fd = self.sock.fileno()
+        if fd < 0:
+            return  # a protocol closed the listener meanwhile
+        held = self.open_count()
+        if held <= 1:
+            self.loop._selector.reregister(fd)  # sends nothing if it is not polled now
+            return
+        self.loop._remove_reader(fd)
+        self.state = ListenerState.RESTING
+        self.timer = self.loop._accept_rest(self, self.gate.rest(held))
+
+    def rested(self) -> None:
+        """The rest is over: take what waited for it, poll the listener again
+        (the ADD that re-registers it)."""
+        self.timer = None
+        if self.state is not ListenerState.RESTING:
+            return
+        sock = self.sock
+        if sock.fileno() < 0 or (self.server is not None and not self.server.is_serving()):
+            self.state = ListenerState.STOPPED
+            return
+        self.state = _POLLED
+        queued = accept_queue_length(sock)
+        taken = self.burst(self.batch, queued)
+        if self.state is not _POLLED:
+            return  # a resource error: backing off now
+        # Connections waited for the rest if the queue held some (a sibling
+        # may have taken them since); where its length is unknown, if the
+        # first accept found one.
+        self.gate.rested(queued > 0 if queued is not None else taken > 0)
+        if sock.fileno() >= 0:
+            self.loop._add_reader(sock.fileno(), self.ready)
+
+
+_CLASSES: dict[AcceptStrategy, type[Listener]] = {
+    AcceptStrategy.BATCH: BatchListener,
+    AcceptStrategy.SINGLE: SingleListener,
+    AcceptStrategy.RELAXED: RelaxedListener,
+    AcceptStrategy.BALANCED: BalancedListener,
+}
+
+
+def listener_class(strategy: AcceptStrategy) -> type[Listener]:
+    """The Listener subclass that implements *strategy*."""
+    return _CLASSES[strategy]

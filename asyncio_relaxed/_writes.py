@@ -1,0 +1,123 @@
+"""The per-iteration write queue: deferred writes and feed retries.
+
+Theory of operation
+===================
+
+A transport's write side is in exactly one of three states (its
+``_write_state``):
+
+* ``IDLE``: nothing buffered, nothing pending;
+* ``QUEUED``: in this queue, which runs the transport's send
+  (``_write_now``) once, after the iteration's callbacks: ``pending`` holds
+  deferred writes (write=deferred), ``feeding`` the short writes retried on
+  the next iteration without waiting for the socket (partial_write=feed);
+* ``POLLING``: waiting for EPOLLOUT, as stock asyncio does after a short send.
+
+The transport moves itself between the states (it knows its buffer); this
+queue only holds the transports in QUEUED and runs them.  A transport's
+buffer is non-empty only while it is QUEUED or POLLING, or while its send
+runs (``_sending``), so a write that finds the buffer empty may send at once
+(the eager fast path) without asking the state.
+
+write=deferred queues the transport at its first write of an iteration, so
+that everything the iteration's callbacks write leaves in one ``sendmsg`` of
+up to IOV_MAX buffers (uvloop <= 0.22's ``_queue_write`` /
+``_exec_queued_writes``).  The loop flushes twice per iteration:
+
+* after the ready callbacks, with the feed retries: what a callback wrote
+  leaves before the loop can block or stop, so "write, then block in
+  recv()" (uvloop #631) cannot hang;
+* before the poll, without the feed retries (they wait for the next iteration
+  on purpose): writes made while the loop was not running, e.g. before
+  ``run_until_complete`` or from ``loop.close()``.
+
+A flush can queue transports again (a ``resume_writing()`` that writes, a
+short send under partial_write=feed): those wait for the next flush, and the
+loop does not block in the poll while any is queued.
+
+partial_write=feed retries a short send on the next iteration without
+waiting for EPOLLOUT (libuv's pending queue), at most ``feed_limit`` times in
+a row, then polls: with a peer that reads slowly, feeding alone would keep
+the loop from ever blocking.
+
+On 3.15 a transport made with a context (a server's connections, gh-140947)
+has its callbacks run there; its send does too, so a resume_writing() or a
+connection_lost() it triggers sees the connection's context variables.
+
+This module knows nothing of asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._stats import Counters
+
+__all__ = ["IDLE", "POLLING", "QUEUED", "WriteQueue"]
+
+IDLE = 0
+QUEUED = 1
+POLLING = 2
+
+
+class WriteQueue:
+    """The loop's queued transports and the write settings they obey."""
+
+    __slots__ = ("deferred", "feed", "feed_limit", "feeding", "on_error", "pending", "stats")
+
+    def __init__(self, stats: Counters, *, deferred: bool, feed: bool, feed_limit: int) -> None:
+        self.stats = stats
+        #: Told of an exception a transport's send let through (a protocol's
+        #: connection_lost() that raised, say): stock runs the send as a
+        #: handle, which reports it; here the flush does, and goes on.
+        self.on_error: Callable[[Any, BaseException], None] | None = None
+        self.deferred = deferred  # write=deferred
+        self.feed = feed  # partial_write=feed
+        self.feed_limit = feed_limit
+        self.pending: list[Any] = []  # QUEUED by a deferred write
+        self.feeding: list[Any] = []  # QUEUED for a feed retry
+
+    def __bool__(self) -> bool:
+        """Whether any transport waits for a flush."""
+        return bool(self.pending or self.feeding)
+
+    def queue(self, transport: Any) -> None:
+        """Queue *transport* (IDLE, with a buffer) for the next flush."""
+        self.stats.writes_deferred += 1
+        transport._write_state = QUEUED
+        self.pending.append(transport)
+
+    def feed_retry(self, transport: Any) -> bool:
+        """After a short send: queue a feed retry, unless *transport* has had
+        feed_limit of them in a row (then it should poll).  Whether queued."""
+        if not self.feed or transport._feeds >= self.feed_limit:
+            transport._feeds = 0
+            return False
+        transport._feeds += 1
+        self.stats.write_feeds += 1
+        transport._write_state = QUEUED
+        self.feeding.append(transport)
+        return True
+
+    def flush(self, include_feeds: bool) -> None:
+        """Run the send of every queued transport, in the order queued."""
+        queue = self.pending
+        self.pending = []
+        if include_feeds and self.feeding:
+            queue += self.feeding
+            self.feeding = []
+        for transport in queue:
+            if transport._write_state == QUEUED:
+                try:
+                    context = transport._context
+                    if context is None:
+                        transport._write_now()
+                    else:
+                        context.run(transport._write_now)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    if self.on_error is None:
+                        raise
+                    self.on_error(transport, exc)
