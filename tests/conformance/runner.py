@@ -1,11 +1,13 @@
 """Compare CPython's asyncio test suite on the stock loop vs asyncio_relaxed.Loop.
 
-    cd /work/main && python -m tests.conformance.runner [--python PATH ...]
+    python -m tests.conformance.runner [--python PATH ...]
         [--modes stock,eager,deferred] [--modules test_events ...] [--jobs 2]
-        [--timeout 900] [--json out.json] [--logdir DIR]
+        [--timeout 600] [--test-timeout 60] [--json out.json] [--logdir DIR]
 
 One swap.py process per (python, module, mode).  Exit status is 0 only if every
 relaxed run matches stock (passed, skipped, failed+errors) and created loops.
+A test that runs past --test-timeout is reported by name as hung (a failure),
+and the module goes on after it in a new process.
 """
 from __future__ import annotations
 
@@ -24,10 +26,25 @@ SWAP = os.path.join(ROOT, "tests", "conformance", "swap.py")
 MARKER = "CONFORMANCE_RESULT "
 MODULES = ["test_events", "test_sock_lowlevel", "test_sendfile", "test_server", "test_streams",
            "test_base_events", "test_sslproto", "test_unix_events", "test_subprocess",
-           "test_tasks", "test_buffered_proto", "test_runners"]
+           "test_tasks", "test_buffered_proto", "test_runners", "test_ssl",
+           "test_server_context"]  # the last: 3.15+
 # Measured stock wall seconds on a 2-core box (the rest take <= 4 s);
 # only used to start the slow runs first.
-COST = {"test_tasks": 16, "test_subprocess": 15, "test_events": 8, "test_sslproto": 5}
+COST = {"test_tasks": 16, "test_subprocess": 15, "test_events": 8, "test_ssl": 8,
+        "test_sslproto": 5}
+#: Differences that are the chosen semantics of a setting, not a fault, each
+#: with its reason: (mode, test id) -> why.  The run still lists them.
+EXPECTED: dict[tuple[str, str], str] = {
+    ("deferred", "test.test_asyncio.test_sslproto.SslProtoHandshakeTests."
+                 "test_connection_lost_when_busy"):
+        "write=deferred sends at the end of the iteration: the BrokenPipeError of the "
+        "test's first write() surfaces after its second write() and drain(), which the "
+        "test expects to fail already (stock sends from write() itself)",
+}
+#: Hung tests one (python, module, mode) run may step over before it gives up.
+MAX_HANGS = 10
+_COUNTS = ("run", "failures", "errors", "skipped", "expected_failures", "unexpected_successes",
+           "passed")
 # (python minor, module) pairs whose tests build every loop by hand (BaseEventLoop mocks),
 # so zero swapped loops is expected there and not a swap failure.
 ZERO_LOOPS_OK = {("3.10", "test_runners"), ("3.11", "test_runners"), ("3.12", "test_runners")}
@@ -48,17 +65,47 @@ def probe(python: str) -> tuple[str | None, list[str]]:
     return version, [f[:-3] for f in files.split() if f.endswith(".py")]
 
 
-def run_one(python: str, module: str, mode: str, timeout: float, logdir: str,
-            tests: list[str] | None = None, tag: str = "") -> dict:
+def run_one(python: str, module: str, mode: str, timeout: float, test_timeout: float,
+            logdir: str, tests: list[str] | None = None, tag: str = "") -> dict:
+    """Run *module* (or *tests*) once; after a hang, the rest of it, merged."""
+    res = run_part(python, module, mode, timeout, test_timeout, logdir, tests, tag)
+    hung: list[str] = []
+    while res.get("hung") and len(hung) < MAX_HANGS and not tests:
+        hung.append(res.pop("hung"))
+        rest = run_part(python, module, mode, timeout, test_timeout, logdir, None,
+                        f"{tag}-after{len(hung)}", after=hung[-1])
+        if rest.get("error"):
+            return rest
+        for name in _COUNTS:
+            res[name] = res.get(name, 0) + rest.get(name, 0)
+        for name in ("bad", "skipped_names"):
+            res[name] = sorted({*res.get(name, ()), *rest.get(name, ())})
+        if res.get("loops_created") is not None:
+            res["loops_created"] += rest.get("loops_created") or 0
+            res["write_seen"] = sorted({*res.get("write_seen", ()), *rest.get("write_seen", ())})
+        res["wall"] = res.get("wall", 0) + rest.get("wall", 0)
+        res["hung"] = rest.get("hung")
+    if res.get("hung"):
+        hung.append(res.pop("hung"))
+    res["hung_tests"] = hung
+    return res
+
+
+def run_part(python: str, module: str, mode: str, timeout: float, test_timeout: float,
+             logdir: str, tests: list[str] | None = None, tag: str = "",
+             after: str | None = None) -> dict:
     env = dict(os.environ)  # PYTHONASYNCIODEBUG / PYTHONWARNINGS pass through untouched
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     env.pop("ASYNCIO_RELAXED_WRITE", None)
     if mode != "stock":
         env["ASYNCIO_RELAXED_WRITE"] = mode
     cmd = [python, SWAP, module, "--mode", "stock" if mode == "stock" else "relaxed",
-           "--timeout", str(max(timeout - 10, 1))]  # faulthandler fires first: tracebacks in log
+           "--timeout", str(max(timeout - 10, 1)),  # faulthandler fires first: tracebacks in log
+           "--test-timeout", str(test_timeout)]
     if tests:
         cmd += ["--tests", *tests]
+    if after:
+        cmd += ["--after", after]
     log = os.path.join(logdir, f"{os.path.basename(os.path.dirname(os.path.dirname(python)))}"
                                f"-{module}-{mode}{tag}.log")
     start = time.monotonic()
@@ -85,13 +132,15 @@ def outcome(res: dict) -> tuple | None:
     return None if res.get("error") else (res["passed"], res["skipped"], len(res["bad"]))
 
 
-def resolve(py: str, mod: str, mode: str, res: dict, timeout: float, logdir: str) -> list[str]:
+def resolve(py: str, mod: str, mode: str, res: dict, timeout: float, test_timeout: float,
+            logdir: str) -> list[str]:
     """Rerun tests whose outcome differs once in both modes; return confirmed regressions."""
     stock, rel = res[(py, mod, "stock")], res[(py, mod, mode)]
     diff = sorted(set(stock["bad"]) ^ set(rel["bad"]))
     rerun = [t for t in diff if " " not in t]  # "setUpClass (x.Y)" holders are not loadable
     if rerun:
-        again = {m: run_one(py, mod, m, timeout, logdir, rerun, "-rerun") for m in ("stock", mode)}
+        again = {m: run_one(py, mod, m, timeout, test_timeout, logdir, rerun, "-rerun")
+                 for m in ("stock", mode)}
         if any(a.get("error") for a in again.values()):
             return diff
         s2, r2 = set(again["stock"]["bad"]), set(again[mode]["bad"])
@@ -109,15 +158,18 @@ def main() -> int:
     ap.add_argument("--modes", default="stock,eager,deferred")
     ap.add_argument("--modules", nargs="+", default=MODULES)
     ap.add_argument("--jobs", type=int, default=2)
-    # Slowest stock module takes ~16 s; 120 s caps the cost of a relaxed-loop hang.
-    ap.add_argument("--timeout", type=float, default=120, help="per-process seconds")
+    # Slowest stock module takes ~16 s; the per-test watchdog catches a hang
+    # first, this only a process that hangs outside a test.
+    ap.add_argument("--timeout", type=float, default=600, help="per-process seconds")
+    # Stock's slowest single test takes ~5 s here.
+    ap.add_argument("--test-timeout", type=float, default=60, help="per-test seconds")
     ap.add_argument("--json", help="save all results here")
     ap.add_argument("--logdir", help="per-run logs (default: a new temp dir)")
     a = ap.parse_args()
     modes = [m for m in a.modes.split(",") if m]
     logdir = a.logdir or tempfile.mkdtemp(prefix="conformance-")
     os.makedirs(logdir, exist_ok=True)
-    pythons = a.python or sorted(glob.glob("/root/.pyenv/versions/3.1[0-3].*/bin/python"),
+    pythons = a.python or sorted(glob.glob("/root/.pyenv/versions/3.1[1-3].*/bin/python"),
                                  key=lambda p: [int(x) for x in p.split("/")[-3].split(".")])
     pythons = pythons or [sys.executable]
 
@@ -137,10 +189,11 @@ def main() -> int:
     print(f"{len(jobs)} runs, {a.jobs} at a time, logs in {logdir}", flush=True)
     t0 = time.monotonic()
     with ThreadPoolExecutor(a.jobs) as pool:
-        futs = {k: pool.submit(run_one, *k, a.timeout, logdir) for k in jobs}
+        futs = {k: pool.submit(run_one, *k, a.timeout, a.test_timeout, logdir) for k in jobs}
         res = {k: f.result() for k, f in futs.items()}
 
     ok, regressions = True, {}
+    expected: set[tuple[str, str]] = set()
     def cell(r: dict) -> str:
         return ("ERR" if r.get("error") else "{}/{}/{}".format(*outcome(r))) + f" {r['wall']:.0f}s"
 
@@ -166,20 +219,33 @@ def main() -> int:
                 s = row.get("stock", {"error": "not run"})
                 if s.get("error"):
                     continue
+                for name in r.get("hung_tests", ()):
+                    ok = False
+                    marks.append(f"{mode}:HUNG {name}")
                 if outcome(r) != outcome(s) or r["bad"] != s["bad"]:
-                    regressed = resolve(py, mod, mode, res, a.timeout, logdir)
-                    if r["confirmed_diff"] or (r["skipped"], r["run"]) != (s["skipped"], s["run"]):
+                    regressed = resolve(py, mod, mode, res, a.timeout, a.test_timeout, logdir)
+                    allowed = [t for t in r["confirmed_diff"] if (mode, t) in EXPECTED]
+                    for name in allowed:
+                        expected.add((mode, name))
+                    r["confirmed_diff"] = [t for t in r["confirmed_diff"] if t not in allowed]
+                    regressed = [t for t in regressed if t not in allowed]
+                    if allowed and not r["confirmed_diff"]:
+                        marks.append(f"{mode}:expected")
+                    elif (r["confirmed_diff"]
+                          or (r["skipped"], r["run"]) != (s["skipped"], s["run"])):
                         ok = False
                         marks.append(f"{mode}:DIFF")
                         skips = set(r["skipped_names"]) ^ set(s["skipped_names"])
                         regressions[(version, mod, mode)] = regressed + [
                             f"skip differs: {n}" for n in sorted(skips)]
-                    else:
+                    elif not allowed:
                         marks.append(f"{mode}:flaky-only")
             loops = "/".join(str(r.get("loops_created")) for m, r in row.items() if m != "stock")
             print(f"{version:8} {mod:20} " + " ".join(f"{cell(r):>20}" for r in row.values())
                   + f" {loops or '-':>11}  {' '.join(marks)}")
     print(f"\ntotal wall {time.monotonic() - t0:.0f}s")
+    for mode, name in sorted(expected):
+        print(f"\nexpected difference [{mode}] {name}:\n  {EXPECTED[(mode, name)]}")
     for (version, mod, mode), names in regressions.items():
         print(f"\n{version} {mod} [{mode}] fails under relaxed but passes under stock:")
         print("\n".join(f"  {n}" for n in names)

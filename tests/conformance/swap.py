@@ -2,6 +2,11 @@
 
     python tests/conformance/swap.py test_events --mode relaxed   # or: -m tests.conformance.swap
     python tests/conformance/swap.py test_tasks --mode stock --tests ID [ID ...]
+    python tests/conformance/swap.py test_events --mode relaxed --after ID   # the rest
+
+A watchdog ends the process when one test runs longer than ``--test-timeout``
+seconds: it dumps every thread's traceback to stderr and prints a summary of
+what ran so far, with the test that hung; the runner goes on with ``--after``.
 
 In relaxed mode every route the suite uses to build a selector loop is pointed at a
 counting subclass of ``asyncio_relaxed.Loop`` *before* the test module is imported
@@ -17,7 +22,10 @@ import json
 import os
 import platform
 import sys
+import threading
+import time
 import unittest
+from collections.abc import Iterator
 
 MARKER = "CONFORMANCE_RESULT "
 loops_created = 0
@@ -70,9 +78,20 @@ def test_name(test: unittest.TestCase) -> str:
 
 
 class CountingResult(unittest.TextTestResult):
-    """Counts passes directly: 3.12+ no longer includes decorator skips in testsRun."""
+    """Counts passes directly: 3.12+ no longer includes decorator skips in testsRun.
+    Records the test that is running, for the watchdog."""
 
     passed = 0
+    current: unittest.TestCase | None = None
+    started = 0.0
+
+    def startTest(self, test: unittest.TestCase) -> None:
+        self.current, self.started = test, time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        self.current = None
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)
@@ -83,11 +102,62 @@ class CountingResult(unittest.TextTestResult):
         self.passed += 1
 
 
+def flatten(suite: unittest.TestSuite) -> Iterator[unittest.TestCase]:
+    for item in suite:
+        if isinstance(item, unittest.TestSuite):
+            yield from flatten(item)
+        else:
+            yield item
+
+
+def after(suite: unittest.TestSuite, test_id: str) -> unittest.TestSuite:
+    """The tests of *suite* that come after *test_id*, in its order."""
+    tests = list(flatten(suite))
+    ids = [t.id() for t in tests]
+    return unittest.TestSuite(tests[ids.index(test_id) + 1:] if test_id in ids else tests)
+
+
+def summarise(summary: dict[str, object], result: CountingResult) -> None:
+    bad = sorted({test_name(t) for t, _ in result.failures + result.errors}
+                 | {test_name(t) for t in result.unexpectedSuccesses})
+    skipped = sorted(test_name(t) for t, _ in result.skipped)
+    summary.update(
+        run=result.testsRun, failures=len(result.failures), errors=len(result.errors),
+        skipped=len(result.skipped), expected_failures=len(result.expectedFailures),
+        unexpected_successes=len(result.unexpectedSuccesses),
+        passed=result.passed,
+        bad=bad, skipped_names=skipped,
+    )
+    if summary["mode"] == "relaxed":
+        summary["loops_created"] = loops_created
+        summary["write_seen"] = sorted(write_seen)
+
+
+def watch(result: CountingResult, summary: dict[str, object], limit: float) -> None:
+    """End the process when one test runs past *limit* seconds, naming it."""
+    while True:
+        time.sleep(min(1.0, limit / 4))
+        test = result.current
+        if test is not None and time.monotonic() - result.started > limit:
+            name = test.id()
+            sys.stderr.write(f"\nWATCHDOG: {name} ran past {limit:.0f} s; tracebacks:\n")
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+            summarise(summary, result)
+            summary["hung"] = name
+            summary["bad"] = sorted({*summary["bad"], test_name(test)})  # type: ignore[misc]
+            print(MARKER + json.dumps(summary), flush=True)
+            os._exit(3)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("module", help="e.g. test_events (package test.test_asyncio is implied)")
     ap.add_argument("--mode", choices=("stock", "relaxed"), default="stock")
     ap.add_argument("--tests", nargs="*", help="full test ids to run instead of the module")
+    ap.add_argument("--after", help="run only the module's tests after this test id")
+    ap.add_argument("--test-timeout", type=float, default=0,
+                    help="seconds one test may take before the watchdog ends the run")
     ap.add_argument("--timeout", type=float, default=0,
                     help="dump tracebacks and exit after this many seconds (hang diagnosis)")
     args = ap.parse_args()
@@ -110,23 +180,21 @@ def main() -> int:
     name = f"test.test_asyncio.{args.module}"
     loader = unittest.TestLoader()
     suite = loader.loadTestsFromNames(args.tests) if args.tests else loader.loadTestsFromName(name)
-    # verbosity 2 on stderr: the last "... " line in the log names a hung test.
-    runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=2, resultclass=CountingResult)
-    result = runner.run(suite)
+    if args.after:
+        suite = after(suite, args.after)
 
-    bad = sorted({test_name(t) for t, _ in result.failures + result.errors}
-                 | {test_name(t) for t in result.unexpectedSuccesses})
-    skipped = sorted(test_name(t) for t, _ in result.skipped)
-    summary.update(
-        run=result.testsRun, failures=len(result.failures), errors=len(result.errors),
-        skipped=len(result.skipped), expected_failures=len(result.expectedFailures),
-        unexpected_successes=len(result.unexpectedSuccesses),
-        passed=result.passed,
-        bad=bad, skipped_names=skipped,
-    )
-    if args.mode == "relaxed":
-        summary["loops_created"] = loops_created
-        summary["write_seen"] = sorted(write_seen)
+    class Runner(unittest.TextTestRunner):
+        def _makeResult(self) -> CountingResult:
+            result = super()._makeResult()
+            if args.test_timeout > 0:
+                threading.Thread(target=watch, args=(result, summary, args.test_timeout),
+                                 daemon=True).start()
+            return result  # type: ignore[return-value]
+
+    # verbosity 2 on stderr: the last "... " line in the log names a hung test.
+    runner = Runner(stream=sys.stderr, verbosity=2, resultclass=CountingResult)
+    result = runner.run(suite)
+    summarise(summary, result)  # type: ignore[arg-type]
     sys.stderr.flush()
     print(MARKER + json.dumps(summary), flush=True)
     return 0 if result.wasSuccessful() else 1
