@@ -23,11 +23,12 @@ each.  A listener is in one of four states:
 * ``STOPPED``: the server closed it (``_stop_serving``); a pending timer is
   cancelled, so no rest or retry outlives its listener.
 
-What a listener asks of its loop: its counters and settings, the poller's
-``reregister``, ``_add_reader``/``_remove_reader``, ``call_later``, and three
-hooks of the loop's own: ``_accepted`` (serve a new connection: a transport,
-or stock's task for TLS), ``_accept_starved`` (report, then stock's retry)
-and ``_accept_rest`` (schedule the end of a rest).
+What a listener asks of its loop goes through one object, its *host*
+(:class:`asyncio_relaxed._serving.Serving` binds it to the loop): the
+counters and settings; ``poll``/``unpoll``/``reregister`` the listener;
+``accepted`` (serve a new connection: a transport, or stock's task for TLS);
+``starved`` (report the error, then stock's retry); ``rest`` (the timer
+that ends a rest); ``open_count`` (what the listener's server holds).
 
 The accept queue's length
 -------------------------
@@ -202,15 +203,14 @@ class Listener:
 
     The fields named as stock's ``_start_serving`` arguments hold what it
     was called with; ``context`` is the server's context on 3.15 (None
-    before, or when the caller gave none).  ``open_count()`` is the number of
-    connections the listener's server holds, for accept=balanced.
+    before, or when the caller gave none).
     """
 
     __slots__ = (
         "backlog",
         "context",
         "failing",
-        "loop",
+        "host",
         "protocol_factory",
         "server",
         "sock",
@@ -223,7 +223,7 @@ class Listener:
 
     def __init__(
         self,
-        loop: Any,
+        host: Any,
         protocol_factory: Any,
         sock: socket.socket,
         sslcontext: Any,
@@ -232,8 +232,8 @@ class Listener:
         timeouts: tuple[Any, ...],
         context: Any,
     ) -> None:
-        self.loop = loop
-        self.stats = loop._stats
+        self.host = host
+        self.stats = host.stats
         self.protocol_factory = protocol_factory
         self.sock = sock
         self.sslcontext = sslcontext
@@ -249,9 +249,16 @@ class Listener:
         return f"<{type(self).__name__} fd={self.sock.fileno()} {self.state.value}>"
 
     @property
+    def stock_args(self) -> tuple[Any, ...]:
+        """What stock threads through _start_serving for this socket,
+        positionally, up to the SSL timeouts (3.15 adds the context)."""
+        return (self.protocol_factory, self.sock, self.sslcontext, self.server, self.backlog,
+                *self.timeouts)
+
+    @property
     def batch(self) -> int:
         """Most accepts per readiness event: accept_batch, else the backlog."""
-        return int(self.loop._config.accept_batch or self.backlog)
+        return int(self.host.accept_batch or self.backlog)
 
     # -- one readiness event ----------------------------------------------
 
@@ -278,7 +285,7 @@ class Listener:
             self.back_off(exc)
             return Outcome.STARVED
         self.failing = False
-        self.loop._accepted(self, conn, addr)
+        self.host.accepted(self, conn, addr)
         return _CONNECTION
 
     def take_queued(self) -> bool:
@@ -313,10 +320,9 @@ class Listener:
 
     def back_off(self, exc: OSError) -> None:
         """EMFILE and friends: out of the poller until stock's retry."""
-        loop = self.loop
-        loop._remove_reader(self.sock.fileno())
+        self.host.unpoll(self)
         self.state = ListenerState.BACKING_OFF
-        self.timer = loop._accept_starved(self, exc, not self.failing)
+        self.timer = self.host.starved(self, exc, not self.failing)
         self.failing = True
 
     def resume(self) -> None:
@@ -376,22 +382,19 @@ class BalancedListener(Listener):
         super().__init__(*args)
         self.gate = BalancedGate()
 
-    def open_count(self) -> int:
-        return int(self.loop._server_open_count(self.server)) if self.server is not None else 1
-
     def ready(self) -> None:
         if not self.take_queued():
             return  # a sibling won the race, or a resource error: backing off
         fd = self.sock.fileno()
         if fd < 0:
             return  # a protocol closed the listener meanwhile
-        held = self.open_count()
+        held = self.host.open_count(self)
         if held <= 1:
-            self.loop._selector.reregister(fd)  # sends nothing if it is not polled now
+            self.host.reregister(self)  # sends nothing if it is not polled now
             return
-        self.loop._remove_reader(fd)
+        self.host.unpoll(self)
         self.state = ListenerState.RESTING
-        self.timer = self.loop._accept_rest(self, self.gate.rest(held))
+        self.timer = self.host.rest(self, self.gate.rest(held))
 
     def rested(self) -> None:
         """The rest is over: take what waited for it, poll the listener again
@@ -413,7 +416,7 @@ class BalancedListener(Listener):
         # first accept found one.
         self.gate.rested(queued > 0 if queued is not None else taken > 0)
         if sock.fileno() >= 0:
-            self.loop._add_reader(sock.fileno(), self.ready)
+            self.host.poll(self)
 
 
 _CLASSES: dict[AcceptStrategy, type[Listener]] = {

@@ -48,14 +48,15 @@ __all__ = [
     "SSLProtocol",
     "SelectorEventLoop",
     "SlotsWithDict",
+    "TimerHandle",
     "TransportSocket",
     "base_default_policy",
+    "call_soon",
     "end_time",
     "events",
     "format_callback_source",
     "format_handle",
     "loop_logger",
-    "new_handle",
     "run",
     "server_active_count",
     "server_attach",
@@ -126,32 +127,54 @@ set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 Handle: Any = events.Handle
 
 #: Handle._run as this Python defines it.  A handle runs without this frame
-#: only while ``type(handle)._run is STOCK_HANDLE_RUN``: instrumentation that
-#: replaces it (aiodebug's slow-callback logging) must keep seeing every call,
-#: and 3.14's ``_ThreadSafeHandle`` (call_soon_threadsafe) overrides it to
-#: hold the lock a cross-thread cancel() waits on.
+#: only while its class is Handle or TimerHandle and their _run is still this
+#: one: instrumentation that replaces it (aiodebug's slow-callback logging)
+#: must keep seeing every call, and 3.14's ``_ThreadSafeHandle``
+#: (call_soon_threadsafe) overrides it to hold the lock a cross-thread
+#: cancel() waits on.
 STOCK_HANDLE_RUN: Any = events.Handle._run
 
-# Handle.__init__'s fields, identical in every version above.
+#: TimerHandle, which runs Handle._run too.
+TimerHandle: Any = events.TimerHandle
+
+# Handle.__init__'s fields, identical in every version above; call_soon below
+# sets them itself.
 _HANDLE_SLOTS = ("_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr",
                  "__weakref__", "_context")
 assert events.Handle.__slots__ == _HANDLE_SLOTS, events.Handle.__slots__
 _new_object: Any = object.__new__
 _copy_context = contextvars.copy_context
+_stock_call_soon: Any = base_events.BaseEventLoop.call_soon
 
 
-def new_handle(callback: Any, args: tuple[Any, ...], loop: Any, context: Any) -> Any:
-    """``Handle(callback, args, loop, context)`` outside debug mode, without
-    the __init__ frame and its get_debug() call (debug mode records where the
-    handle was made: stock's constructor then runs as is)."""
+def call_soon(self: Any, callback: Any, *args: Any, context: Any = None) -> Any:
+    """BaseEventLoop.call_soon without its four Python calls per handle
+    (_check_closed, _call_soon, Handle.__init__, get_debug): Tasks and
+    Futures schedule every step and done-callback through it, three times
+    per request in an aiohttp server.  The loop binds it as its call_soon.
+
+    Fast path, safe only outside debug mode (stock then checks the thread
+    and the callback and records where the handle was made: it runs as is)
+    and while ``asyncio.events.Handle`` is stock's, whose ``__init__`` sets
+    the fields below (_HANDLE_SLOTS); a replaced Handle class is used as
+    stock uses it.
+    """
+    if self._closed:
+        raise RuntimeError("Event loop is closed")
+    if self._debug or events.Handle is not Handle:
+        handle = _stock_call_soon(self, callback, *args, context=context)
+        if handle._source_traceback:
+            del handle._source_traceback[-1]  # this frame: the caller's is last
+        return handle
     handle = _new_object(Handle)
     handle._context = _copy_context() if context is None else context
-    handle._loop = loop
+    handle._loop = self
     handle._callback = callback
     handle._args = args
     handle._cancelled = False
     handle._repr = None
     handle._source_traceback = None
+    self._ready.append(handle)
     return handle
 
 

@@ -74,7 +74,7 @@ class AcceptStrategy(enum.StrEnum):
     #: winner rotates; a worker holding more than one open connection does
     #: that only after a rest out of the poller that grows with what it
     #: holds (load-aware).  No shared memory; the theory of operation is in
-    #: _loop.py, above accept_queue_length.
+    #: asyncio_relaxed/_accept.py.
     BALANCED = "balanced"
 
 
@@ -192,7 +192,7 @@ class Config:
             "size of the loop's one reusable receive buffer, the most one "
             "recv_into reads: stock's max_size, so a read takes as much as "
             "stock's. Stock allocates it per read with recv(256 KiB), which "
-            "glibc serves with mmap + mremap + munmap (DESIGN.md §3.2); here it "
+            "glibc serves with mmap + mremap + munmap (strace, 1 KiB echo); here it "
             "is allocated once per loop and each read copies only what arrived."
         ),
     )

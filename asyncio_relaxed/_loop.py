@@ -1,4 +1,4 @@
-"""Loop: binds config, statistics, poller, write queue, transport and accept path.
+"""Loop: binds config, statistics, poller, write queue, transport and serving.
 
 One iteration (``_run_once``) runs its phases in a fixed order, after libuv's
 ``uv_run``::
@@ -20,31 +20,27 @@ The other methods here are the hooks stock calls (``call_soon``,
 
 from __future__ import annotations
 
-import contextvars
 import heapq
 import selectors
 import socket
-import sys
 from typing import Any
 
 from . import _compat
-from ._accept import Listener, listener_class
 from ._config import Config, resolve
 from ._poller import DeferredSelector, default_backend
+from ._serving import Serving
 from ._stats import Counters, LoopStatistics
-from ._transport import SocketTransport, TransportShared, is_tcp, set_options
+from ._transport import SocketTransport, TransportShared
 
 __all__ = ["Loop"]
 
 _STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
+_Handle = _compat.Handle
+_TimerHandle = _compat.TimerHandle
 _EVENT_READ = selectors.EVENT_READ  # module globals: one lookup less per event
 _EVENT_WRITE = selectors.EVENT_WRITE
 #: The due timers of an iteration without any (never appended to).
 _NO_TIMERS: tuple[Any, ...] = ()
-
-# Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
-# to the sockets accept() returns; checked with getsockopt in the tests.
-_ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 
 # The poller's own select(): the loop polls through DeferredSelector.ready()
 # only while this is what the selector's select is (see _run_once).
@@ -86,9 +82,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # the write queue among it.
         self._shared = TransportShared(config, self._stats, poller)
         self._shared.on_error = self._flush_failed
-        # Listening sockets being served, by fd (see _accept).
-        self._listeners: dict[int, Listener] = {}
-        self._listener_class = listener_class(config.accept)
+        # The listening sockets being served and their connections' start.
+        self._serving = Serving(self, config, self._stats, self._shared)
         super().__init__(poller)
 
     @property
@@ -100,29 +95,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         """A frozen snapshot of this loop's counters."""
         return self._stats.snapshot(self._backend_name)
 
-    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> Any:
-        """Stock's call_soon without its four Python calls per handle
-        (_check_closed, _call_soon, Handle.__init__, get_debug): Tasks and
-        Futures schedule every step and done-callback through here, three
-        times per request in an aiohttp server.
-
-        Fast path, safe only outside debug mode (stock then checks the
-        thread and the callback and records where the handle was made: it
-        runs as is) and while ``asyncio.events.Handle`` is stock's, whose
-        fields ``_compat.new_handle`` sets; a replaced Handle class is used
-        as stock uses it.
-        """
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        handle: Any
-        if self._debug or _compat.events.Handle is not _compat.Handle:
-            handle = super().call_soon(callback, *args, context=context)
-            if handle._source_traceback:
-                del handle._source_traceback[-1]  # this frame: the caller's is last
-            return handle
-        handle = _compat.new_handle(callback, args, self, context)
-        self._ready.append(handle)
-        return handle
+    # Stock's call_soon without its frames (see _compat.call_soon).
+    call_soon = _compat.call_soon
 
     def _flush_failed(self, transport: Any, exc: BaseException) -> None:
         """A queued transport's send let an exception through: reported as
@@ -148,9 +122,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if not self.is_running() and not self.is_closed():
             if self._shared:
                 self._shared.flush(include_feeds=True)
-            for listener in self._listeners.values():
-                listener.stop()
-            self._listeners.clear()
+            self._serving.close()
         super().close()
 
     # -- transports ---------------------------------------------------------
@@ -193,7 +165,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                         shared=self._shared, context=context)
         return ssl_protocol._app_transport
 
-    # -- accept: the hooks stock calls ----------------------------------------
+    # -- accept: the hooks stock calls (see _serving) ---------------------------
 
     def _start_serving(
         self,
@@ -206,24 +178,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         ssl_shutdown_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[1],
         context: Any = None,
     ) -> None:
-        """Serve *sock*: its Listener's ready() becomes the socket's reader.
-        (``context`` is 3.15's: the server's context, gh-140947.)"""
-        fd = sock.fileno()
-        listener = self._listeners.get(fd)
-        if listener is None or listener.sock is not sock:
-            # TCP_NODELAY and the keepalive options once on the listener
-            # instead of once per connection: Linux copies them to every
-            # accepted socket.
-            if _ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock):
-                set_options(sock, [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
-                                   *self._shared.tcp_sockopts])
-            if self._config.exclusive_accept:
-                self._selector.exclusive(fd)
-            listener = self._new_listener(protocol_factory, sock, sslcontext, server, backlog,
-                                          ssl_handshake_timeout, ssl_shutdown_timeout, context)
-            self._listeners[fd] = listener
-        listener.resume()
-        self._add_reader(fd, listener.ready)
+        """Serve *sock*; ``context`` is 3.15's (the server's, gh-140947)."""
+        self._serving.start(protocol_factory, sock, sslcontext, server, backlog,
+                            (ssl_handshake_timeout, ssl_shutdown_timeout), context)
 
     def _accept_connection(
         self,
@@ -236,129 +193,14 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         ssl_shutdown_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[1],
         context: Any = None,
     ) -> None:
-        """One readiness event of a listener, by the accept strategy.  The
-        loop's own reader is the Listener's ready(); this is stock's entry
-        point for code that calls it directly (a socket not being served
-        gets a Listener for this call only)."""
-        listener = self._listeners.get(sock.fileno())
-        if listener is None or listener.sock is not sock:
-            listener = self._new_listener(protocol_factory, sock, sslcontext, server, backlog,
-                                          ssl_handshake_timeout, ssl_shutdown_timeout, context)
-        listener.ready()
+        """One readiness event of a listener, by the accept strategy (the
+        loop's own reader is its Listener's ready(); this is for callers)."""
+        self._serving.accept_now(protocol_factory, sock, sslcontext, server, backlog,
+                                 (ssl_handshake_timeout, ssl_shutdown_timeout), context)
 
     def _stop_serving(self, sock: socket.socket) -> None:
-        listener = self._listeners.pop(sock.fileno(), None)
-        if listener is not None:
-            listener.stop()  # a balanced rest or a back-off must not outlive it
+        self._serving.stop(sock)
         super()._stop_serving(sock)
-
-    def _new_listener(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any,
-                      server: Any, backlog: int, *timeouts_and_context: Any) -> Listener:
-        *timeouts, context = timeouts_and_context
-        return self._listener_class(self, protocol_factory, sock, sslcontext, server, backlog,
-                                    tuple(timeouts), context if _compat.PY315 else None)
-
-    # -- accept: the hooks the Listener calls -----------------------------------
-
-    def _accepted(self, listener: Listener, conn: socket.socket, addr: Any) -> None:
-        """Serve a connection *listener* accepted.  On 3.15 it runs in a copy
-        of the server's context (gh-140947), its transport's callbacks too."""
-        if self._debug:
-            _compat.loop_logger().debug(
-                "%r got a new connection from %r: %r", listener.server, addr, conn
-            )
-        extra = {"peername": addr}
-        server_context = listener.context
-        conn_context = server_context.copy() if server_context is not None else None
-        if listener.sslcontext:
-            coro = (
-                self._accept_connection2(listener.protocol_factory, conn, extra,
-                                         listener.sslcontext, listener.server,
-                                         *listener.timeouts, context=conn_context)
-                if _compat.PY315 else
-                self._accept_connection2(listener.protocol_factory, conn, extra,
-                                         listener.sslcontext, listener.server,
-                                         *listener.timeouts)
-            )
-            self.create_task(coro, context=conn_context)
-            return
-        # Plain TCP needs no Task: nothing is awaited before the protocol owns
-        # the connection (stock's task only awaits the connection_made
-        # callback).  The context copy keeps the task's isolation of context
-        # variables: the protocol factory runs in it, as in stock's task.
-        if conn_context is None:
-            contextvars.copy_context().run(self._accept_plain, listener, conn, extra, None)
-        else:
-            conn_context.run(self._accept_plain, listener, conn, extra, conn_context)
-
-    def _accept_plain(
-        self, listener: Listener, conn: socket.socket, extra: dict[str, Any], context: Any
-    ) -> None:
-        protocol = transport = None
-        try:
-            protocol = listener.protocol_factory()
-            transport = SocketTransport(
-                self, conn, protocol, None, extra, listener.server, shared=self._shared,
-                inherited_options=_ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(conn),
-                context=context,
-            )
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            if transport is not None:
-                transport.close()
-            else:
-                conn.close()
-            # Reported in debug mode only, as stock _accept_connection2 does.
-            if self._debug:
-                report = {
-                    "message": "Error on transport creation for incoming connection",
-                    "exception": exc,
-                }
-                if protocol is not None:
-                    report["protocol"] = protocol
-                if transport is not None:
-                    report["transport"] = transport
-                self.call_exception_handler(report)
-
-    def _accept_starved(self, listener: Listener, exc: OSError, report: bool) -> Any:
-        """accept() ran out of a resource: report it (once per episode), then
-        schedule stock's retry, with stock's arguments; the timer's handle."""
-        if report:
-            self.call_exception_handler(
-                {
-                    "message": "socket.accept() out of system resource",
-                    "exception": exc,
-                    "socket": _compat.TransportSocket(listener.sock),
-                }
-            )
-        args = (listener.protocol_factory, listener.sock, listener.sslcontext,
-                listener.server, listener.backlog, *listener.timeouts)
-        if _compat.PY315:
-            args += (listener.context,)
-        return self.call_later(_compat.ACCEPT_RETRY_DELAY, self._resume_serving, *args)
-
-    def _resume_serving(
-        self,
-        protocol_factory: Any,
-        sock: socket.socket,
-        sslcontext: Any,
-        server: Any,
-        backlog: int,
-        *rest: Any,  # the SSL timeouts; the context on 3.15
-    ) -> None:
-        """The back-off is over: poll the listener again, unless it was closed
-        meanwhile (stock retries on the closed socket and reports ValueError)."""
-        if sock.fileno() < 0 or (server is not None and not server.is_serving()):
-            return
-        self._start_serving(protocol_factory, sock, sslcontext, server, backlog, *rest)
-
-    def _accept_rest(self, listener: Any, seconds: float) -> Any:
-        """accept=balanced: the timer that ends *listener*'s rest."""
-        return self.call_later(seconds, listener.rested)
-
-    def _server_open_count(self, server: Any) -> int:
-        return _compat.server_active_count(server)
 
     # -- the iteration ------------------------------------------------------
 
@@ -407,6 +249,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         reader (an earlier callback may have registered a new one).
         """
         ran = 0
+        # Handle._run without its frame for handles of stock's class while
+        # its _run is stock's (see _compat.STOCK_HANDLE_RUN).
+        inline = _Handle._run is _STOCK_HANDLE_RUN
         for event in event_list:
             fd, (reader, writer), mask = event
             if mask & _EVENT_READ and reader is not None:
@@ -415,9 +260,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 else:
                     ran += 1
                     try:
-                        # Handle._run without its frame, while the handle's
-                        # type runs stock's (see _compat.STOCK_HANDLE_RUN).
-                        if type(reader)._run is not _STOCK_HANDLE_RUN:
+                        if not inline or type(reader) is not _Handle:
                             reader._run()
                         elif reader._args:
                             reader._context.run(reader._callback, *reader._args)
@@ -446,9 +289,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         return ran
 
     def _run_handle(self, handle: Any) -> None:
-        """Run *handle* as Handle._run does, without its frame while its type
-        runs stock's; the hot paths (readers, the ready queue) repeat this."""
-        if type(handle)._run is not _STOCK_HANDLE_RUN:
+        """Run *handle* as Handle._run does, without its frame where that is
+        stock's; the hot paths (readers, the ready queue) repeat this."""
+        if type(handle) is not _Handle or _Handle._run is not _STOCK_HANDLE_RUN:
             handle._run()
             return
         try:
@@ -607,6 +450,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # those run next time, after another poll.  The popleft idiom is
         # thread-safe without locks (call_soon_threadsafe appends).
         ntodo = len(ready) - added
+        # Handle._run inlined, as in _dispatch_events, for handles of stock's
+        # classes while their _run is stock's.
+        inline = (_Handle._run is _STOCK_HANDLE_RUN
+                  and _TimerHandle._run is _STOCK_HANDLE_RUN)
         for _ in range(ntodo):
             handle = ready.popleft()
             if handle._cancelled:
@@ -625,8 +472,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                         )
                 finally:
                     self._current_handle = None
-            elif type(handle)._run is _STOCK_HANDLE_RUN:
-                # Handle._run inlined, as in _dispatch_events.
+            elif inline and (type(handle) is _Handle or type(handle) is _TimerHandle):
                 try:
                     handle._context.run(handle._callback, *handle._args)
                 except (SystemExit, KeyboardInterrupt):

@@ -41,13 +41,15 @@ COUNTERS: dict[str, str] = {
 class Counters:
     """Mutable counters, one attribute per entry of :data:`COUNTERS`.
 
-    Plus ``sent_at_once``: a write() sent at once counts one write and one
-    send, which the transport's hot path counts as one increment here (two
-    increments were ~250 instructions per 1 KiB echo request, callgrind);
-    :meth:`snapshot` adds it to both.
+    Plus two that the transport's hot paths count with one increment where
+    two counters move (a second increment costs ~125 instructions per 1 KiB
+    echo request, benchmarks.instructions); :meth:`snapshot` adds each to
+    both: ``sent_at_once`` (a write() sent at once: a write and a send) and
+    ``queued_at_once`` (a write() that queued its transport: a write and a
+    deferred write).
     """
 
-    __slots__ = (*COUNTERS, "sent_at_once")
+    __slots__ = (*COUNTERS, "sent_at_once", "queued_at_once")
 
     iterations: int
     events: int
@@ -70,6 +72,7 @@ class Counters:
     write_feeds: int
     always_ready_fds: int
     sent_at_once: int
+    queued_at_once: int
 
     def __init__(self) -> None:
         self.reset()
@@ -79,10 +82,10 @@ class Counters:
             setattr(self, name, 0)
 
     def snapshot(self, backend: str) -> LoopStatistics:
-        both = self.sent_at_once
         counts = {name: getattr(self, name) for name in COUNTERS}
-        counts["writes"] += both
-        counts["send"] += both
+        counts["writes"] += self.sent_at_once + self.queued_at_once
+        counts["send"] += self.sent_at_once
+        counts["writes_deferred"] += self.queued_at_once
         return LoopStatistics(backend, **counts)
 
 

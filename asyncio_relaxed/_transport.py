@@ -153,9 +153,11 @@ class TransportShared(WriteQueue):
     def __init__(self, config: Config, stats: Counters, poller: Any) -> None:
         super().__init__(
             stats,
+            _send_queued,
             deferred=config.write is WriteMode.DEFERRED,
             feed=config.partial_write is PartialWrite.FEED,
             feed_limit=config.feed_limit,
+            contexts=_compat.PY315,
         )
         self.poller = poller
         self.read_size = config.read_size
@@ -693,8 +695,6 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
             self._after_short_write()
             self._maybe_pause_protocol()
             return
-        stats = shared.stats
-        stats.writes += 1
         if kind is bytes:
             if self._buffer is _NO_BUFFER:  # bytes: no copy needed
                 self._buffer = [data]  # type: ignore[list-item]
@@ -705,9 +705,11 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
             self._append(data)
         if not self._write_state and not self._sending:
             # WriteQueue.queue(), inlined: one call less per deferred write.
-            stats.writes_deferred += 1
+            shared.stats.queued_at_once += 1  # a write, and a deferred one (Counters)
             self._write_state = QUEUED
             shared.pending.append(self)
+        else:
+            shared.stats.writes += 1
         if self._buffer_size > self._high_water:  # else flow control has nothing to do
             self._check_high_water()
 
@@ -784,6 +786,7 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
     def _check_high_water(self) -> None:
         """Send at once past the high-water mark, then apply flow control."""
         if self._buffer_size > self._high_water and self._write_state == QUEUED:
+            self._write_state = IDLE  # still in the queue, which will skip it
             self._write_now()
         self._maybe_pause_protocol()
 
@@ -798,19 +801,18 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
         more, or for any number when *vectored* (EPOLLOUT and writelines,
         where stock calls sendmsg).
 
-        Called by writelines, by the loop's flush (for a QUEUED transport)
-        and on EPOLLOUT.  Leaves QUEUED for IDLE first: a transport that
-        still has data afterwards is queued again or polls, by policy.
+        Called by writelines, by the loop's flush and _check_high_water (for
+        a transport that was QUEUED: they set it IDLE first) and on
+        EPOLLOUT (POLLING).  A transport that still has data afterwards is
+        queued again or polls, by policy.
         """
-        if self._write_state == QUEUED:
-            self._write_state = IDLE
         buffer = self._buffer
         if self._conn_lost or not buffer:
             return
         stats = self._shared.stats
         sock = self._sock
         try:
-            if not _HAS_SENDMSG or (len(buffer) == 1 and not vectored):
+            if (len(buffer) == 1 and not vectored) or not _HAS_SENDMSG:
                 stats.send += 1
                 n = sock.send(buffer[0])  # type: ignore[union-attr]
             else:
@@ -1009,3 +1011,8 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
             waiter = self._empty_waiter
             if waiter is not None and not waiter.done():
                 waiter.set_exception(ConnectionError("Connection is closed by peer"))
+
+
+#: The write queue's send: the class's _write_now, without a method lookup
+#: on each transport (see WriteQueue.send).
+_send_queued = SocketTransport._write_now

@@ -7,7 +7,7 @@ A transport's write side is in exactly one of three states (its
 ``_write_state``):
 
 * ``IDLE``: nothing buffered, nothing pending;
-* ``QUEUED``: in this queue, which runs the transport's send
+* ``QUEUED``: in this queue, which sets it IDLE and runs its send
   (``_write_now``) once, after the iteration's callbacks: ``pending`` holds
   deferred writes (write=deferred), ``feeding`` the short writes retried on
   the next iteration without waiting for the socket (partial_write=feed);
@@ -64,10 +64,18 @@ POLLING = 2
 class WriteQueue:
     """The loop's queued transports and the write settings they obey."""
 
-    __slots__ = ("deferred", "feed", "feed_limit", "feeding", "on_error", "pending", "stats")
+    __slots__ = ("contexts", "deferred", "feed", "feed_limit", "feeding", "on_error", "pending",
+                 "send", "stats")
 
-    def __init__(self, stats: Counters, *, deferred: bool, feed: bool, feed_limit: int) -> None:
+    def __init__(self, stats: Counters, send: Callable[[Any], None], *, deferred: bool,
+                 feed: bool, feed_limit: int, contexts: bool = False) -> None:
         self.stats = stats
+        #: The transports' send, called as send(transport) on one that is
+        #: QUEUED, after it is set IDLE (the class's function: no method
+        #: lookup per transport).
+        self.send = send
+        #: Whether transports may carry a context to send in (3.15).
+        self.contexts = contexts
         #: Told of an exception a transport's send let through (a protocol's
         #: connection_lost() that raised, say): stock runs the send as a
         #: handle, which reports it; here the flush does, and goes on.
@@ -107,14 +115,16 @@ class WriteQueue:
         if include_feeds and self.feeding:
             queue += self.feeding
             self.feeding = []
+        contexts = self.contexts
+        send = self.send
         for transport in queue:
             if transport._write_state == QUEUED:
+                transport._write_state = IDLE
                 try:
-                    context = transport._context
-                    if context is None:
-                        transport._write_now()
+                    if not contexts or transport._context is None:
+                        send(transport)
                     else:
-                        context.run(transport._write_now)
+                        transport._context.run(send, transport)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:

@@ -49,6 +49,63 @@ class Echo(asyncio.Protocol):
         self.transport.write(data)
 
 
+class Recorder(asyncio.Protocol):
+    """Collects what the transport tells its protocol, with futures to await.
+
+    *keep_open*: what eof_received answers (True keeps the transport open
+    for the test to close).  Made inside the loop it reports to, or given it.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop | None = None, *, keep_open: bool = False
+    ) -> None:
+        self.loop = loop if loop is not None else asyncio.get_event_loop()
+        self.keep_open = keep_open
+        self.transport: Any = None
+        self.data = bytearray()
+        self.calls: list[str] = []
+        self.made: asyncio.Future[None] = self.loop.create_future()
+        self.lost: asyncio.Future[BaseException | None] = self.loop.create_future()
+        self.got_data = asyncio.Event()
+        self._want: tuple[int, asyncio.Future[None]] | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.calls.append("connection_made")
+        self.made.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        self.got_data.set()
+        if self._want is not None and len(self.data) >= self._want[0]:
+            fut = self._want[1]
+            self._want = None
+            fut.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        self.calls.append("eof_received")
+        return True if self.keep_open else None
+
+    def pause_writing(self) -> None:
+        self.calls.append("pause_writing")
+
+    def resume_writing(self) -> None:
+        self.calls.append("resume_writing")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.calls.append("connection_lost")
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+    async def received(self, nbytes: int) -> bytes:
+        """Wait until at least *nbytes* have arrived."""
+        if len(self.data) < nbytes:
+            fut = self.loop.create_future()
+            self._want = (nbytes, fut)
+            await fut
+        return bytes(self.data)
+
+
 class LoopErrors:
     """Records exception-handler calls; unexpected ones fail the test."""
 

@@ -36,29 +36,48 @@ def clients() -> Iterator[list[socket.socket]]:
         s.close()
 
 
-#: (loop, server) of every start(): what a test that failed before its
-#: stop() left open is closed by _close_what_failed_tests_left, so that its
-#: sockets' ResourceWarnings do not fail a later, unrelated test.
-_STARTED: list[tuple[asyncio_relaxed.Loop, Any]] = []
+class Served:
+    """The servers a test started: started, stopped, and what a test that
+    failed before its stop() left open closed at teardown, so that its
+    sockets' ResourceWarnings do not fail a later, unrelated test."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[asyncio_relaxed.Loop, Any]] = []
+
+    def start(self, loop: asyncio_relaxed.Loop, backlog: int = 100) -> asyncio.AbstractServer:
+        server = run(loop, loop.create_server(Counting, "127.0.0.1", 0, backlog=backlog))
+        self.started.append((loop, server))
+        iterate(loop, 1)
+        return server
+
+    def stop(self, loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
+        stop_server(loop, server)
+        self.started.remove((loop, server))
+
+    def close_leftovers(self) -> None:
+        for loop, server in self.started:
+            for transport in list(loop._transports.values()):
+                if transport is not None and transport._sock is not None:
+                    transport._sock.close()
+            for sock in server._sockets or ():
+                sock.close()
+        self.started.clear()
 
 
-@pytest.fixture(autouse=True)
-def _close_what_failed_tests_left() -> Iterator[None]:
-    yield
-    for loop, server in _STARTED:
-        for transport in list(loop._transports.values()):
-            if transport is not None and transport._sock is not None:
-                transport._sock.close()
-        for sock in server._sockets or ():
-            sock.close()
-    _STARTED.clear()
+def stop_server(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
+    server.close()
+    for transport in list(loop._transports.values()):
+        if transport is not None:
+            transport.abort()
+    run(loop, server.wait_closed())
+    iterate(loop, 2)
 
 
-def start(loop: asyncio_relaxed.Loop, backlog: int = 100) -> asyncio.AbstractServer:
-    server = run(loop, loop.create_server(Counting, "127.0.0.1", 0, backlog=backlog))
-    _STARTED.append((loop, server))
-    iterate(loop, 1)
-    return server
+@pytest.fixture
+def served() -> Iterator[Served]:
+    servers = Served()
+    yield servers
+    servers.close_leftovers()
 
 
 def connect(server: asyncio.AbstractServer, clients: list[socket.socket], n: int) -> None:
@@ -68,22 +87,13 @@ def connect(server: asyncio.AbstractServer, clients: list[socket.socket], n: int
         clients.append(socket.create_connection(address))
 
 
-def stop(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
-    server.close()
-    for transport in list(loop._transports.values()):
-        if transport is not None:
-            transport.abort()
-    run(loop, server.wait_closed())
-    iterate(loop, 2)
-
-
 @pytest.mark.parametrize(
     ("accept_batch", "accepts"), [(0, 5), (2, 2)], ids=["backlog", "batch-of-2"]
 )
 @pytest.mark.parametrize("queue_length", ["known", "unknown"])
 def test_batch_accepts_up_to_the_batch_per_event(
     clients: list[socket.socket], monkeypatch: pytest.MonkeyPatch, accept_batch: int,
-    accepts: int, queue_length: str,
+    accepts: int, queue_length: str, served: Served,
 ) -> None:
     """Up to the batch per event.  Where the accept queue's length is known
     (Linux TCP), no accept finds the queue empty; elsewhere the batch ends at
@@ -95,25 +105,27 @@ def test_batch_accepts_up_to_the_batch_per_event(
     eagain = 1 if queue_length == "unknown" and accepts == 5 else 0
     loop = asyncio_relaxed.new_event_loop(accept="batch", accept_batch=accept_batch)
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 5)
         settle(server, 5)
         before = loop.statistics()
         iterate(loop, 1)
         delta = loop.statistics() - before
         assert (delta.accept, delta.accept_eagain) == (accepts + eagain, eagain)
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
 
 @pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
-def test_batch_one_connection_per_event_costs_one_accept(clients: list[socket.socket]) -> None:
+def test_batch_one_connection_per_event_costs_one_accept(
+    clients: list[socket.socket], served: Served
+) -> None:
     """Light load, the common case of a worker: one connection per event,
     one accept (stock makes two, the second finding the queue empty)."""
     loop = asyncio_relaxed.new_event_loop(accept="batch")
     try:
-        server = start(loop)
+        server = served.start(loop)
         before = loop.statistics()
         for _ in range(3):
             connect(server, clients, 1)
@@ -121,18 +133,18 @@ def test_batch_one_connection_per_event_costs_one_accept(clients: list[socket.so
             iterate(loop, 1)
         delta = loop.statistics() - before
         assert (delta.accept, delta.accept_eagain) == (3, 0)
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
 
 @pytest.mark.parametrize("strategy", ["single", "relaxed"])
 def test_single_and_relaxed_accept_one_per_event_and_never_waste_one(
-    clients: list[socket.socket], strategy: str
+    clients: list[socket.socket], strategy: str, served: Served
 ) -> None:
     loop = asyncio_relaxed.new_event_loop(accept=strategy)
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 5)
         before = loop.statistics()
         for i in range(1, 6):
@@ -141,15 +153,15 @@ def test_single_and_relaxed_accept_one_per_event_and_never_waste_one(
         iterate(loop, 3)
         delta = loop.statistics() - before
         assert (delta.accept, delta.accept_eagain) == (5, 0)
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
 
-def test_plain_accept_creates_no_task(clients: list[socket.socket]) -> None:
+def test_plain_accept_creates_no_task(clients: list[socket.socket], served: Served) -> None:
     loop = asyncio_relaxed.new_event_loop()
     try:
-        server = start(loop)
+        server = served.start(loop)
         Counting.made = 0
         connect(server, clients, 3)
         tasks_before = len(asyncio.all_tasks(loop))
@@ -157,7 +169,7 @@ def test_plain_accept_creates_no_task(clients: list[socket.socket]) -> None:
         assert len(asyncio.all_tasks(loop)) == tasks_before
         iterate(loop, 1)
         assert Counting.made == 3
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
@@ -260,19 +272,21 @@ def _epoll_flags(epoll_fd: int, fd: int) -> int:
 
 
 @pytest.mark.parametrize("exclusive", [False, True])
-def test_exclusive_accept_registers_listeners_with_epollexclusive(exclusive: bool) -> None:
+def test_exclusive_accept_registers_listeners_with_epollexclusive(
+    exclusive: bool, served: Served
+) -> None:
     import select
 
     if not hasattr(select, "EPOLLEXCLUSIVE"):
         pytest.skip("no EPOLLEXCLUSIVE on this platform")
     loop = asyncio_relaxed.new_event_loop(exclusive_accept=exclusive)
     try:
-        server = start(loop)
+        server = served.start(loop)
         listener = server.sockets[0].fileno()
         flags = _epoll_flags(loop._selector.fileno(), listener)
         assert bool(flags & select.EPOLLEXCLUSIVE) is exclusive
         assert flags & select.EPOLLIN
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
@@ -400,6 +414,176 @@ def test_balanced_gate_without_sockets() -> None:
     assert (gate.rests_waited, gate.rests_idle) == (101, 1002)
 
 
+class FakeSocket:
+    """A listening socket without a kernel: accept() gives what *script*
+    says, in order ("conn", or an exception class), then EAGAIN."""
+
+    family = socket.AF_INET
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = list(script)
+        self.accepts = 0
+        self.fd = 7
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def accept(self) -> tuple[Any, Any]:
+        self.accepts += 1
+        step = self.script.pop(0) if self.script else BlockingIOError
+        if step == "conn":
+            return FakeConn(), ("192.0.2.1", self.accepts)
+        if isinstance(step, type) and issubclass(step, OSError):
+            raise step(errno.EMFILE, "Too many open files") if step is OSError else step()
+        raise AssertionError(step)
+
+
+class FakeConn:
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+
+class FakeHost:
+    """What a Listener asks of its loop, recorded."""
+
+    def __init__(self, accept_batch: int = 0, open_count: int = 0) -> None:
+        from asyncio_relaxed._stats import Counters
+
+        self.stats = Counters()
+        self.accept_batch = accept_batch
+        self.held = open_count
+        self.calls: list[tuple[Any, ...]] = []
+        self.accepted_conns: list[Any] = []
+
+    def accepted(self, listener: Any, conn: Any, addr: Any) -> None:
+        self.accepted_conns.append(addr)
+        self.held += 1
+
+    def poll(self, listener: Any) -> None:
+        self.calls.append(("poll",))
+
+    def unpoll(self, listener: Any) -> None:
+        self.calls.append(("unpoll",))
+
+    def reregister(self, listener: Any) -> None:
+        self.calls.append(("reregister",))
+
+    def rest(self, listener: Any, seconds: float) -> Any:
+        self.calls.append(("rest", seconds))
+        return FakeTimer()
+
+    def starved(self, listener: Any, exc: OSError, report: bool) -> Any:
+        self.calls.append(("starved", exc.errno, report))
+        return FakeTimer()
+
+    def open_count(self, listener: Any) -> int:
+        return self.held
+
+
+class FakeTimer:
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def listener(strategy: str, host: FakeHost, sock: FakeSocket) -> Any:
+    cls = _accept.listener_class(asyncio_relaxed.AcceptStrategy(strategy))
+    return cls(host, Counting, sock, None, None, 100, (60.0, 30.0), None)
+
+
+def test_listener_batch_takes_what_is_queued_and_no_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """batch: one accept, then the queue's length (3), never one into an
+    empty queue; with the length unknown, until EAGAIN."""
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 3)
+    host, sock = FakeHost(), FakeSocket(["conn"] * 4)
+    listener("batch", host, sock).ready()
+    assert (sock.accepts, len(host.accepted_conns), host.stats.accept_eagain) == (4, 4, 0)
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: None)
+    host, sock = FakeHost(), FakeSocket(["conn"] * 4)
+    listener("batch", host, sock).ready()
+    assert (sock.accepts, len(host.accepted_conns), host.stats.accept_eagain) == (5, 4, 1)
+
+
+def test_listener_skips_an_aborted_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection reset before accept() is dropped and the burst goes on
+    (stock from 3.14, gh-127529), first or later in the event."""
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 2)
+    for script in (["conn", ConnectionAbortedError, "conn"],
+                   [ConnectionAbortedError, "conn", "conn"]):
+        host, sock = FakeHost(), FakeSocket(script)
+        listener("batch", host, sock).ready()
+        assert (sock.accepts, len(host.accepted_conns)) == (3, 2), script
+
+
+@pytest.mark.parametrize("strategy", ["single", "relaxed"])
+def test_listener_single_and_relaxed_accept_one(strategy: str) -> None:
+    host, sock = FakeHost(), FakeSocket(["conn"] * 3)
+    listener(strategy, host, sock).ready()
+    assert (sock.accepts, len(host.accepted_conns)) == (1, 1)
+
+
+def test_listener_backs_off_and_reports_once_per_episode() -> None:
+    """EMFILE: out of the poller, stock's retry scheduled, reported; a second
+    failure before any success is not reported again; a success ends the
+    episode."""
+    host, sock = FakeHost(), FakeSocket([OSError])
+    made = listener("single", host, sock)
+    made.ready()
+    assert made.state is _accept.ListenerState.BACKING_OFF
+    assert host.calls == [("unpoll",), ("starved", errno.EMFILE, True)]
+    made.resume()
+    sock.script = [OSError]
+    made.ready()
+    assert host.calls[-1] == ("starved", errno.EMFILE, False)
+    made.resume()
+    sock.script = ["conn", OSError]
+    made.ready()
+    made.ready()
+    assert host.calls[-1] == ("starved", errno.EMFILE, True)
+
+
+def test_listener_stop_cancels_its_timer() -> None:
+    host, sock = FakeHost(), FakeSocket([OSError])
+    made = listener("batch", host, sock)
+    made.ready()
+    timer = made.timer
+    made.stop()
+    assert timer.cancelled and made.timer is None
+    assert made.state is _accept.ListenerState.STOPPED
+
+
+def test_listener_balanced_rests_by_what_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """balanced: holding one connection, a re-registration; holding three,
+    a rest of 3 x cooldown, then the queue (2 waited) taken, cooldown
+    halved, polled again; a rest nobody waited for grows it back."""
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 0)
+    host, sock = FakeHost(), FakeSocket(["conn"])
+    made = listener("balanced", host, sock)
+    made.ready()
+    assert host.calls == [("reregister",)] and made.state is _accept.ListenerState.POLLED
+    host.held = 2
+    sock.script = ["conn"]
+    made.ready()
+    assert host.calls[-2:] == [("unpoll",), ("rest", 3 * _accept.BALANCED_MAX_COOLDOWN)]
+    assert made.state is _accept.ListenerState.RESTING
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 2)
+    sock.script = ["conn", "conn"]
+    made.rested()
+    assert len(host.accepted_conns) == 4 and host.calls[-1] == ("poll",)
+    assert made.gate.cooldown == _accept.BALANCED_MAX_COOLDOWN * _accept.BALANCED_SHRINK
+    monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 0)
+    made.state = _accept.ListenerState.RESTING
+    made.rested()
+    assert made.gate.rests_idle == 1
+
+
+def test_listener_lost_race_changes_nothing() -> None:
+    host, sock = FakeHost(), FakeSocket([])
+    listener("balanced", host, sock).ready()
+    assert host.calls == [] and host.stats.accept_eagain == 1
+
+
 def test_balanced_gates_converge_after_48_idle_rests() -> None:
     """Workers' cooldowns cannot drift apart: whatever happened before, 48
     idle rests (ln(MAX/MIN)/ln(GROW) = 47.2) bring every gate to the cap."""
@@ -418,7 +602,7 @@ def test_balanced_gates_converge_after_48_idle_rests() -> None:
 
 def gate(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> _accept.BalancedGate:
     """The balanced listener's cooldown state."""
-    listener = loop._listeners[server.sockets[0].fileno()]
+    listener = loop._serving.listeners[server.sockets[0].fileno()]
     assert isinstance(listener, _accept.BalancedListener)
     return listener.gate
 
@@ -427,7 +611,7 @@ def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> floa
     """The loop time at which the listener's rest ends, None when it is not
     resting.  (Compared with times read around the iteration that scheduled
     it, not with now: a slow machine may be past a 0.3 ms rest already.)"""
-    listener = loop._listeners[server.sockets[0].fileno()]
+    listener = loop._serving.listeners[server.sockets[0].fileno()]
     if listener.state is not _accept.ListenerState.RESTING:
         return None
     return float(listener.timer.when())
@@ -435,7 +619,7 @@ def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> floa
 
 def end_rest(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
     """End the listener's rest now: its timer's callback, run once."""
-    handle = loop._listeners[server.sockets[0].fileno()].timer
+    handle = loop._serving.listeners[server.sockets[0].fileno()].timer
     callback, args = handle._callback, handle._args
     handle.cancel()
     callback(*args)
@@ -443,14 +627,14 @@ def end_rest(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None
 
 @pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
 def test_balanced_takes_what_is_queued_then_rests_by_its_load(
-    clients: list[socket.socket],
+    clients: list[socket.socket], served: Served,
 ) -> None:
     """One event: the accept, then as many as the queue holds (no EAGAIN);
     holding 3 connections, the worker rests 3 x 0.1 ms out of the poller
     (DEL now, ADD when the rest ends, which finds nothing waiting)."""
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 3)
         settle(server, 3)
         before = loop.statistics()
@@ -470,15 +654,17 @@ def test_balanced_takes_what_is_queued_then_rests_by_its_load(
         assert accepts(loop, before) == (0, 0)  # the queue's length said none
         assert ctl(loop, before)[0] >= 1  # the listener's ADD
         assert (gate(loop, server).rests_idle, gate(loop, server).rests_waited) == (1, 0)
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
 
-def test_balanced_stop_serving_cancels_the_rest(clients: list[socket.socket]) -> None:
+def test_balanced_stop_serving_cancels_the_rest(
+    clients: list[socket.socket], served: Served
+) -> None:
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 2)
         settle(server, 2)
         for _ in range(3):
@@ -487,23 +673,23 @@ def test_balanced_stop_serving_cancels_the_rest(clients: list[socket.socket]) ->
                 break
         assert rest_end(loop, server) is not None
         fd = server.sockets[0].fileno()
-        listener = loop._listeners[fd]
+        listener = loop._serving.listeners[fd]
         handle = listener.timer
-        stop(loop, server)
+        served.stop(loop, server)
         assert handle.cancelled() and listener.timer is None
-        assert listener.state is _accept.ListenerState.STOPPED and fd not in loop._listeners
+        assert listener.state is _accept.ListenerState.STOPPED and fd not in loop._serving.listeners
     finally:
         loop.close()
 
 
 def test_balanced_light_load_one_accept_and_one_reregister_per_connection(
-    clients: list[socket.socket],
+    clients: list[socket.socket], served: Served,
 ) -> None:
     """A worker holding one connection or none re-registers the listener at
     once (DEL + ADD), without a rest or a timer."""
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
-        server = start(loop)
+        server = served.start(loop)
         for _ in range(3):
             connect(server, clients, 1)
             settle(server, 1)
@@ -522,18 +708,20 @@ def test_balanced_light_load_one_accept_and_one_reregister_per_connection(
                 iterate(loop, 1)
                 time.sleep(0.001)
         assert gate(loop, server).rests_idle + gate(loop, server).rests_waited == 0
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
 
 @pytest.mark.skipif(not _accept.QUEUE_LENGTH_KNOWN, reason="Linux only (TCP_INFO)")
-def test_balanced_burst_is_capped_by_accept_batch(clients: list[socket.socket]) -> None:
+def test_balanced_burst_is_capped_by_accept_batch(
+    clients: list[socket.socket], served: Served
+) -> None:
     """The burst of an event, and the one at the end of a rest that found
     connections waiting (which halves cooldown), take at most accept_batch."""
     loop = asyncio_relaxed.new_event_loop(accept="balanced", accept_batch=2)
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 5)
         settle(server, 5)
         before = loop.statistics()
@@ -548,13 +736,13 @@ def test_balanced_burst_is_capped_by_accept_batch(clients: list[socket.socket]) 
         assert listening(loop, server)
         iterate(loop, 1)
         assert accepts(loop, before) == (5, 0)
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
 
 def test_balanced_burst_ends_at_eagain_when_a_sibling_took_the_counted(
-    clients: list[socket.socket], monkeypatch: pytest.MonkeyPatch
+    clients: list[socket.socket], monkeypatch: pytest.MonkeyPatch, served: Served
 ) -> None:
     """The queue's length is read before the burst; connections a sibling
     takes meanwhile end it with one EAGAIN.  Also what happens where the
@@ -562,7 +750,7 @@ def test_balanced_burst_ends_at_eagain_when_a_sibling_took_the_counted(
     monkeypatch.setattr(_accept, "accept_queue_length", lambda sock: 5)
     loop = asyncio_relaxed.new_event_loop(accept="balanced")
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 2)
         settle(server, 2)
         before = loop.statistics()
@@ -570,7 +758,7 @@ def test_balanced_burst_ends_at_eagain_when_a_sibling_took_the_counted(
         assert accepts(loop, before) == (3, 1)
         assert ctl(loop, before) == (0, 0, 1)  # holding 2: out for a rest
         assert rest_end(loop, server) is not None
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
@@ -635,7 +823,7 @@ class SharedListener:
         for client in self.clients:
             client.close()
         for loop, server in zip(self.loops, self.servers, strict=True):
-            stop(loop, server)
+            stop_server(loop, server)
             loop.close()
         self.listener.close()
 
@@ -665,7 +853,7 @@ def test_balanced_workers_reregister_only_after_winning() -> None:
 
 @pytest.mark.parametrize("exclusive", [False, True])
 def test_balanced_reregister_keeps_epollexclusive(
-    clients: list[socket.socket], exclusive: bool
+    clients: list[socket.socket], exclusive: bool, served: Served
 ) -> None:
     import select
 
@@ -673,7 +861,7 @@ def test_balanced_reregister_keeps_epollexclusive(
         pytest.skip("no EPOLLEXCLUSIVE on this platform")
     loop = asyncio_relaxed.new_event_loop(accept="balanced", exclusive_accept=exclusive)
     try:
-        server = start(loop)
+        server = served.start(loop)
         connect(server, clients, 1)
         settle(server, 1)
         before = loop.statistics()
@@ -681,7 +869,7 @@ def test_balanced_reregister_keeps_epollexclusive(
         assert ctl(loop, before)[2] == 1  # reregisterd
         flags = _epoll_flags(loop._selector.fileno(), server.sockets[0].fileno())
         assert bool(flags & select.EPOLLEXCLUSIVE) is exclusive
-        stop(loop, server)
+        served.stop(loop, server)
     finally:
         loop.close()
 
@@ -738,7 +926,7 @@ def test_balanced_emfile_backs_off_once(
         assert len(loop._transports) == ok  # what was accepted is served
         resumes = [
             h for h in loop._scheduled
-            if not h.cancelled() and h._callback.__name__ == "_resume_serving"
+            if not h.cancelled() and h._callback == loop._serving.resume
         ]
         assert len(resumes) == 1
         resumes[0].cancel()

@@ -13,43 +13,7 @@ from unittest import mock
 
 import pytest
 
-from conftest import Echo, run, stalled_pair
-
-
-class Recorder(asyncio.Protocol):
-    """Collects what the transport tells its protocol."""
-
-    def __init__(self) -> None:
-        self.transport: Any = None
-        self.data = bytearray()
-        self.calls: list[str] = []
-        self.lost: asyncio.Future[BaseException | None] = (
-            asyncio.get_event_loop().create_future()
-        )
-        self.got_data = asyncio.Event()
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.calls.append("connection_made")
-
-    def data_received(self, data: bytes) -> None:
-        self.data += data
-        self.got_data.set()
-
-    def eof_received(self) -> bool | None:
-        self.calls.append("eof_received")
-        return None
-
-    def pause_writing(self) -> None:
-        self.calls.append("pause_writing")
-
-    def resume_writing(self) -> None:
-        self.calls.append("resume_writing")
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.calls.append("connection_lost")
-        if not self.lost.done():
-            self.lost.set_result(exc)
+from conftest import Echo, Recorder, run, stalled_pair
 
 
 class BufferedRecorder(asyncio.BufferedProtocol):

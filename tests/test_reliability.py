@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 import pytest
 
 import asyncio_relaxed
-from conftest import Echo, LoopErrors, run
+from conftest import Echo, LoopErrors, Recorder, run
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
@@ -51,54 +51,6 @@ STOCK_WRITELINES_UNBOUNDED = (3, 12, 0) <= _PY <= (3, 12, 8) or (3, 13, 0) <= _P
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-class Recorder(asyncio.Protocol):
-    """Collects what the transport tells its protocol, with futures to await."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.transport: Any = None
-        self.data = bytearray()
-        self.calls: list[str] = []
-        self.made: asyncio.Future[None] = loop.create_future()
-        self.lost: asyncio.Future[BaseException | None] = loop.create_future()
-        self._want: tuple[int, asyncio.Future[None]] | None = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.calls.append("connection_made")
-        self.made.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        self.data += data
-        if self._want is not None and len(self.data) >= self._want[0]:
-            fut = self._want[1]
-            self._want = None
-            fut.set_result(None)
-
-    def eof_received(self) -> bool:
-        self.calls.append("eof_received")
-        return True  # keep the transport open: the tests close it
-
-    def pause_writing(self) -> None:
-        self.calls.append("pause_writing")
-
-    def resume_writing(self) -> None:
-        self.calls.append("resume_writing")
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.calls.append("connection_lost")
-        if not self.lost.done():
-            self.lost.set_result(exc)
-
-    async def received(self, nbytes: int) -> bytes:
-        """Wait until at least *nbytes* have arrived."""
-        if len(self.data) < nbytes:
-            fut = self.loop.create_future()
-            self._want = (nbytes, fut)
-            await fut
-        return bytes(self.data)
 
 
 async def serve(
@@ -230,7 +182,7 @@ def test_peer_reset_with_writes_buffered(loop: asyncio.AbstractEventLoop) -> Non
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
             _, echo_port = await serve(stack, Echo)
-            proto = Recorder(loop)
+            proto = Recorder(loop, keep_open=True)
             peer = await accept_one(stack, proto, peer_rcvbuf=4096)
             transport = proto.transport
             transport.write(pattern(8 * MiB))
@@ -264,7 +216,7 @@ def test_peer_reset_before_the_deferred_flush(
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
             _, echo_port = await serve(stack, Echo)
-            proto = Recorder(loop)
+            proto = Recorder(loop, keep_open=True)
             peer = await accept_one(stack, proto)
             transport = proto.transport
             seen: dict[str, int] = {}
@@ -551,7 +503,7 @@ def test_resume_writing_that_writes_at_the_start_of_an_iteration(
 def test_close_delivers_every_byte_before_fin(loop: asyncio.AbstractEventLoop) -> None:
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
-            proto = Recorder(loop)
+            proto = Recorder(loop, keep_open=True)
             peer = await accept_one(stack, proto, peer_rcvbuf=4096)
             transport = proto.transport
             payload = pattern(6 * MiB + 13)
@@ -581,7 +533,7 @@ def test_abort_drops_the_buffer_and_reports_once(
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
             _, echo_port = await serve(stack, Echo)
-            proto = Recorder(loop)
+            proto = Recorder(loop, keep_open=True)
             peer = await accept_one(stack, proto, peer_rcvbuf=4096)
             transport = proto.transport
             payload = pattern(8 * MiB)
@@ -610,7 +562,7 @@ def test_abort_drops_the_buffer_and_reports_once(
 def test_write_eof_sends_fin_after_the_buffered_data(loop: asyncio.AbstractEventLoop) -> None:
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
-            proto = Recorder(loop)
+            proto = Recorder(loop, keep_open=True)
             peer = await accept_one(stack, proto, peer_rcvbuf=4096)
             transport = proto.transport
             payload = pattern(4 * MiB + 5)
@@ -1242,7 +1194,7 @@ def test_call_soon_threadsafe_writes_go_out_while_idle(
     """An idle loop (no timers, blocked in its poll) sends writes another thread asks for."""
     a, b = socket.socketpair()
     with a, b:
-        proto = Recorder(loop)
+        proto = Recorder(loop, keep_open=True)
         transport, _ = run(loop, loop.connect_accepted_socket(lambda: proto, a))
         latencies: list[float] = []
 

@@ -47,10 +47,10 @@ def test_counters_start_at_zero() -> None:
 
 
 def test_counters_are_slots_without_dict() -> None:
-    """Counters has one slot per counter (and the one internal sum) and no
+    """Counters has one slot per counter (and the two internal sums) and no
     __dict__, so typos fail."""
     counters = Counters()
-    assert Counters.__slots__ == (*NAMES, "sent_at_once")
+    assert Counters.__slots__ == (*NAMES, "sent_at_once", "queued_at_once")
     assert not hasattr(counters, "__dict__")
     with pytest.raises(AttributeError):
         counters.poll_wait = 1  # type: ignore[attr-defined]
@@ -65,6 +65,17 @@ def test_sent_at_once_counts_one_write_and_one_send() -> None:
     assert (snap.writes, snap.send, snap.syscalls) == (7, 8, 8)
     counters.reset()
     assert counters.sent_at_once == 0 and counters.snapshot("epoll").send == 0
+
+
+def test_queued_at_once_counts_one_write_and_one_deferred_write() -> None:
+    """A deferred write that queues its transport counts in one slot; the
+    snapshot shows it as a write and a deferred write."""
+    counters = Counters()
+    counters.writes, counters.writes_deferred, counters.queued_at_once = 2, 3, 5
+    snap = counters.snapshot("epoll")
+    assert (snap.writes, snap.writes_deferred, snap.send, snap.syscalls) == (7, 8, 0, 0)
+    counters.reset()
+    assert counters.queued_at_once == 0
 
 
 def test_reset_zeroes_every_counter() -> None:

@@ -1,0 +1,202 @@
+"""The loop's side of the accept path: listeners, and the connections they accept.
+
+:mod:`asyncio_relaxed._accept` decides when to accept and knows nothing of
+asyncio; this module is what its listeners ask of the loop (their *host*):
+register and unregister their socket, schedule a rest or stock's back-off,
+and serve what they accepted.  A plain TCP or Unix connection gets its
+transport at once, without a Task: nothing is awaited before the protocol
+owns the connection (stock's task only awaits the connection_made
+callback).  TLS goes through stock's ``_accept_connection2`` task.
+
+The loop keeps the hooks stock calls (``_start_serving``,
+``_accept_connection``, ``_stop_serving``) and hands them to :class:`Serving`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import socket
+import sys
+from typing import Any
+
+from . import _compat
+from ._accept import Listener, listener_class
+from ._config import Config
+from ._stats import Counters
+from ._transport import SocketTransport, TransportShared, is_tcp, set_options
+
+__all__ = ["Serving"]
+
+# Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
+# to the sockets accept() returns; checked with getsockopt in the tests.
+_ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
+
+
+class Serving:
+    """The listening sockets a loop serves, by fd, and what their
+    :class:`~asyncio_relaxed._accept.Listener` objects ask of the loop."""
+
+    __slots__ = ("accept_batch", "exclusive", "listener_class", "listeners", "loop", "shared",
+                 "stats")
+
+    def __init__(self, loop: Any, config: Config, stats: Counters,
+                 shared: TransportShared) -> None:
+        self.loop = loop
+        self.stats = stats
+        self.shared = shared
+        self.accept_batch = config.accept_batch
+        self.exclusive = config.exclusive_accept
+        self.listener_class = listener_class(config.accept)
+        self.listeners: dict[int, Listener] = {}
+
+    # -- the loop's hooks ----------------------------------------------------
+
+    def start(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any, server: Any,
+              backlog: int, timeouts: tuple[Any, Any], context: Any) -> None:
+        """Serve *sock* (stock's _start_serving): the Listener made for it
+        the first time, its reader registered."""
+        fd = sock.fileno()
+        listener = self.listeners.get(fd)
+        if listener is None or listener.sock is not sock:
+            # TCP_NODELAY and the keepalive options once on the listener
+            # instead of once per connection: Linux copies them to every
+            # accepted socket.
+            if _ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock):
+                set_options(sock, [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
+                                   *self.shared.tcp_sockopts])
+            if self.exclusive:
+                self.loop._selector.exclusive(fd)
+            listener = self.listeners[fd] = self.make(protocol_factory, sock, sslcontext, server,
+                                                      backlog, timeouts, context)
+        listener.resume()
+        self.poll(listener)
+
+    def accept_now(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any,
+                   server: Any, backlog: int, timeouts: tuple[Any, Any], context: Any) -> None:
+        """One readiness event (stock's _accept_connection called directly):
+        a socket not being served gets a Listener for this call only."""
+        listener = self.listeners.get(sock.fileno())
+        if listener is None or listener.sock is not sock:
+            listener = self.make(protocol_factory, sock, sslcontext, server, backlog, timeouts,
+                                 context)
+        listener.ready()
+
+    def stop(self, sock: socket.socket) -> None:
+        """The server stopped serving *sock*: a rest or a back-off must not
+        outlive its listener."""
+        listener = self.listeners.pop(sock.fileno(), None)
+        if listener is not None:
+            listener.stop()
+
+    def close(self) -> None:
+        for listener in self.listeners.values():
+            listener.stop()
+        self.listeners.clear()
+
+    def make(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any, server: Any,
+             backlog: int, timeouts: tuple[Any, Any], context: Any) -> Listener:
+        return self.listener_class(self, protocol_factory, sock, sslcontext, server, backlog,
+                                   timeouts, context if _compat.PY315 else None)
+
+    # -- what a Listener asks ---------------------------------------------------
+
+    def poll(self, listener: Listener) -> None:
+        self.loop._add_reader(listener.sock.fileno(), listener.ready)
+
+    def unpoll(self, listener: Listener) -> None:
+        self.loop._remove_reader(listener.sock.fileno())
+
+    def reregister(self, listener: Listener) -> None:
+        self.loop._selector.reregister(listener.sock.fileno())
+
+    def rest(self, listener: Any, seconds: float) -> Any:
+        """accept=balanced: the timer that ends *listener*'s rest."""
+        return self.loop.call_later(seconds, listener.rested)
+
+    def open_count(self, listener: Listener) -> int:
+        """Connections the listener's server holds (1 without a server)."""
+        server = listener.server
+        return _compat.server_active_count(server) if server is not None else 1
+
+    def starved(self, listener: Listener, exc: OSError, report: bool) -> Any:
+        """accept() ran out of a resource: report it (once per episode), then
+        schedule stock's retry, with stock's arguments; the timer's handle."""
+        loop = self.loop
+        if report:
+            loop.call_exception_handler(
+                {
+                    "message": "socket.accept() out of system resource",
+                    "exception": exc,
+                    "socket": _compat.TransportSocket(listener.sock),
+                }
+            )
+        args = listener.stock_args
+        if _compat.PY315:
+            args += (listener.context,)
+        return loop.call_later(_compat.ACCEPT_RETRY_DELAY, self.resume, *args)
+
+    def resume(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any, server: Any,
+               backlog: int, *rest: Any) -> None:
+        """The back-off is over: poll the listener again, unless it was closed
+        meanwhile (stock retries on the closed socket and reports ValueError)."""
+        if sock.fileno() < 0 or (server is not None and not server.is_serving()):
+            return
+        self.loop._start_serving(protocol_factory, sock, sslcontext, server, backlog, *rest)
+
+    def accepted(self, listener: Listener, conn: socket.socket, addr: Any) -> None:
+        """Serve a connection *listener* accepted.  On 3.15 it runs in a copy
+        of the server's context (gh-140947), its transport's callbacks too."""
+        loop = self.loop
+        if loop._debug:
+            _compat.loop_logger().debug(
+                "%r got a new connection from %r: %r", listener.server, addr, conn
+            )
+        extra = {"peername": addr}
+        server_context = listener.context
+        conn_context = server_context.copy() if server_context is not None else None
+        if listener.sslcontext:
+            coro = (
+                loop._accept_connection2(listener.protocol_factory, conn, extra,
+                                         listener.sslcontext, listener.server,
+                                         *listener.timeouts, context=conn_context)
+                if _compat.PY315 else
+                loop._accept_connection2(listener.protocol_factory, conn, extra,
+                                         listener.sslcontext, listener.server,
+                                         *listener.timeouts)
+            )
+            loop.create_task(coro, context=conn_context)
+        elif conn_context is None:
+            # The context copy keeps stock's task's isolation of context
+            # variables: the protocol factory runs in it, as in that task.
+            contextvars.copy_context().run(self._serve_plain, listener, conn, extra, None)
+        else:
+            conn_context.run(self._serve_plain, listener, conn, extra, conn_context)
+
+    def _serve_plain(self, listener: Listener, conn: socket.socket, extra: dict[str, Any],
+                     context: Any) -> None:
+        protocol = transport = None
+        try:
+            protocol = listener.protocol_factory()
+            transport = SocketTransport(
+                self.loop, conn, protocol, None, extra, listener.server, shared=self.shared,
+                inherited_options=_ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(conn),
+                context=context,
+            )
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            if transport is not None:
+                transport.close()
+            else:
+                conn.close()
+            # Reported in debug mode only, as stock _accept_connection2 does.
+            if self.loop._debug:
+                report = {
+                    "message": "Error on transport creation for incoming connection",
+                    "exception": exc,
+                }
+                if protocol is not None:
+                    report["protocol"] = protocol
+                if transport is not None:
+                    report["transport"] = transport
+                self.loop.call_exception_handler(report)
