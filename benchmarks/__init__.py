@@ -3,12 +3,16 @@
 Every workload runs on every loop in one run, server and client in separate
 processes pinned to different CPUs, loops interleaved (A B A B), with a
 warm-up and repeats; the report quotes medians and the spread of the repeats.
-See DESIGN.md section 4 and the README's "Benchmarks" section.
+See docs/benchmarks.md and the README's "Benchmarks" section.
 
-Layout: ``loops`` (one name -> loop-factory table), ``maths`` (median,
-percentiles, Jain's index), ``server`` (the server process of every
-workload), ``client`` (the built-in load generators), ``fairness`` (K
-pre-forked workers on one listen socket), ``runner`` (the run), ``report``
-(terminal table, Markdown, charts, compare).  Only asyncio_relaxed's public
+Layout: ``cli`` (the one command line: run, compare, fairness,
+instructions), ``loops`` (the one name -> loop-factory table, shared with
+the tests and the examples), ``checkout`` (loops run from another checkout,
+``--baseline``), ``workloads`` (every workload and the default set),
+``maths`` (spread, percentiles, Jain's index), ``server`` (the server
+process of every workload), ``client`` (the built-in load generators),
+``fairness`` (K pre-forked workers on one listen socket), ``instructions``
+(instructions per request under callgrind), ``runner`` (the run), ``report``
+(every table, Markdown, charts, compare).  Only asyncio_relaxed's public
 namespace is used.
 """

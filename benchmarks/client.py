@@ -1,7 +1,9 @@
 """The built-in load generator: ``python -m benchmarks.client``.
 
 One process, one loop (uvloop when installed, else stock asyncio: the same
-client for every server loop, recorded in the results).  It connects, runs
+client for every server loop, recorded in the results).  Without ``--port``
+it reads the port from its first line of input, so that the runner can start
+it while the server starts.  It connects, runs
 the load through a warm-up, prints ``{"ready": ...}``, and starts counting
 when the runner writes ``go`` on stdin (after marking the server).  After
 ``--duration`` seconds each connection finishes the request it is in and
@@ -268,18 +270,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await task
     if not meter.latencies:
         raise RuntimeError("no request completed in the measured window")
-    return {
-        "requests": meter.requests,
-        "elapsed": elapsed,
-        "p50_us": maths.percentile(meter.latencies, 50) * 1e6,
-        "p99_us": maths.percentile(meter.latencies, 99) * 1e6,
-    }
+    p50, p99 = maths.percentiles(meter.latencies, 50, 99)
+    return {"requests": meter.requests, "elapsed": elapsed, "p50_us": p50 * 1e6,
+            "p99_us": p99 * 1e6}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the built-in load generator")
     parser.add_argument("--kind", choices=KINDS, required=True)
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, help="the server's (default: a line of input)")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--request", type=int, default=1024, help="bytes per request/chunk")
     parser.add_argument("--response", type=int, default=1024, help="bytes per response")
@@ -291,9 +290,10 @@ def main() -> None:
     try:
         import uvloop
     except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        result = uvloop.run(run(args))
+        uvloop = None
+    if args.port is None:
+        args.port = int(sys.stdin.readline())
+    result = asyncio.run(run(args)) if uvloop is None else uvloop.run(run(args))
     print(json.dumps(result), flush=True)
 
 

@@ -26,9 +26,10 @@ requests/s and p50/p99 latency seen by the client (a close-per-request
 latency includes the connect, so an accept delay shows there), and server
 CPU µs per request.
 
-Run alone (loops interleaved within each repeat; medians of the repeats)::
+The runner measures it as the ``fairness-*`` workloads (benchmarks.workloads);
+``python -m benchmarks fairness`` runs a grid of them::
 
-    python -m benchmarks.fairness --loops asyncio,uvloop,relaxed-batch,\\
+    python -m benchmarks fairness --loops asyncio,uvloop,relaxed-batch,\\
 relaxed-single,relaxed-relaxed,relaxed-balanced --workers 4 \\
         --concurrency 1,10,100 --mode close,keepalive --duration 3 --repeat 3
 
@@ -38,7 +39,6 @@ public API of asyncio_relaxed is used (through ``benchmarks.loops``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -72,7 +72,6 @@ HARD_TIMEOUT_SLACK = 30.0
 STARTUP_TIMEOUT = 15.0
 REPORT_TIMEOUT = 10.0
 REQUEST = b"GET / HTTP/1.0\r\n"
-MODES = ("close", "keepalive")
 METRICS = ("jain", "jain_requests", "max_min", "conns_per_s", "req_per_s",
            "p50_us", "p99_us", "server_cpu_us_per_req")
 
@@ -225,9 +224,8 @@ def _client_main(argv: list[str]) -> None:
         await asyncio.wait(tasks, timeout=5)
         for task in tasks:
             task.cancel()
-        return {"client": client, "elapsed": elapsed, **counts,
-                "p50_us": maths.percentile(latencies, 50) if latencies else math.nan,
-                "p99_us": maths.percentile(latencies, 99) if latencies else math.nan}
+        p50, p99 = maths.percentiles(latencies, 50, 99) if latencies else (math.nan, math.nan)
+        return {"client": client, "elapsed": elapsed, **counts, "p50_us": p50, "p99_us": p99}
 
     loop = new_loop()
     try:
@@ -409,79 +407,7 @@ def run_once(loop: str, *, workers: int, concurrency: int, keepalive: bool,
     }
 
 
-# -- the command line ---------------------------------------------------------------
+if __name__ == "__main__":  # the same as python -m benchmarks fairness
+    from benchmarks.cli import main
 
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loops", default=",".join(loops.ACCEPT_LOOPS))
-    parser.add_argument("--workers", default="4", help="comma-separated, e.g. 2,4")
-    parser.add_argument("--concurrency", default="1,10,100")
-    parser.add_argument("--mode", default="close,keepalive")
-    parser.add_argument("--duration", type=float, default=3.0)
-    parser.add_argument("--warmup", type=float, default=0.5)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", help="also write every run to this file")
-    args = parser.parse_args(argv)
-    names = []
-    for name in _csv(args.loops):
-        why = loops.missing(name)
-        if why:
-            print(f"skipped {name}: {why}", flush=True)
-        else:
-            names.append(name)
-    modes = _csv(args.mode)
-    for mode in modes:
-        if mode not in MODES:
-            parser.error(f"--mode {mode!r}: allowed {', '.join(MODES)}")
-    cases = [(int(w), int(c), m) for w in _csv(args.workers)
-             for m in modes for c in _csv(args.concurrency)]
-    runs: dict[tuple[int, int, str, str], list[dict[str, Any]]] = {}
-    client = pinned = None
-    for repeat in range(args.repeat):
-        for w, c, mode in cases:
-            for name in names:  # interleaved: every loop once per repeat
-                try:
-                    result = run_once(name, workers=w, concurrency=c, keepalive=mode == "keepalive",
-                                      duration=args.duration, warmup=args.warmup)
-                except (RuntimeError, TimeoutError, EOFError) as exc:
-                    print(f"run failed: {name} workers={w} c={c} {mode}: {exc}", flush=True)
-                    continue
-                client, pinned = result["client"], result["pinned"]
-                runs.setdefault((w, c, mode, name), []).append(result)
-                m: Any = result["metrics"]
-                print(f"# repeat {repeat + 1} {name:>16} w={w} c={c:<4} {mode:<9} "
-                      f"jain={m['jain']:.3f} conns/s={m['conns_per_s']:8.0f} "
-                      f"per-worker={result['per_worker']['connections']}",
-                      file=sys.stderr, flush=True)
-    print(f"client: {client}; pinned: {pinned}; medians of {args.repeat} repeats, "
-          f"{args.duration} s each after {args.warmup} s warm-up")
-    header = (f"{'workers':>7} {'mode':<9} {'conc':>5} {'loop':<17} {'jain':>6} {'jain_rq':>7} "
-              f"{'max/min':>7} {'conns/s':>8} {'req/s':>8} {'p50 µs':>8} {'p99 µs':>8} "
-              f"{'cpu µs/rq':>9} {'vs batch':>8}")
-    print(header)
-    for w, c, mode in cases:
-        batch = runs.get((w, c, mode, "relaxed-batch"))
-        batch_rate = maths.median([r["metrics"]["conns_per_s"] for r in batch]) if batch else None
-        for name in names:
-            got = runs.get((w, c, mode, name))
-            if not got:
-                continue
-            med = {k: maths.median([r["metrics"][k] for r in got]) for k in METRICS}
-            ratio = f"{med['conns_per_s'] / batch_rate:8.2f}" if batch_rate else f"{'':>8}"
-            print(f"{w:>7} {mode:<9} {c:>5} {name:<17} {med['jain']:6.3f} "
-                  f"{med['jain_requests']:7.3f} {med['max_min']:7.2f} {med['conns_per_s']:8.0f} "
-                  f"{med['req_per_s']:8.0f} {med['p50_us']:8.0f} {med['p99_us']:8.0f} "
-                  f"{med['server_cpu_us_per_req']:9.1f} {ratio}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{"workers": w, "concurrency": c, "mode": mode, "loop": name, **r}
-                       for (w, c, mode, name), rs in runs.items() for r in rs], f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    sys.exit(main(["fairness", *sys.argv[1:]]))

@@ -42,7 +42,7 @@ own Python code shows.
 
 Run::
 
-    python -m benchmarks.instructions [--loops asyncio,uvloop,relaxed-eager]
+    python -m benchmarks instructions [--loops asyncio,uvloop,relaxed-eager]
         [--sizes 1024,102400,http] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
@@ -51,7 +51,6 @@ command says so and exits.  A child run (``--child``) is what valgrind runs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
@@ -68,7 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loops, runner
+from benchmarks import checkout, loops, report, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = 10
@@ -164,7 +163,7 @@ def child(loop_name: str, size: int, rounds: int) -> None:
         _floor(served, driver)
         return
     # Which tree asyncio_relaxed comes from, for the parent's check.
-    print(json.dumps({"relaxed": loops.relaxed_package()}), flush=True)
+    print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
     loop = loops.factory(loop_name)()
     finished = loop.create_future()
 
@@ -192,7 +191,7 @@ def http_child(loop_name: str, rounds: int) -> None:
     """The aiohttp run: ``PAIRS`` keep-alive clients, one GET each per round."""
     from aiohttp import web
 
-    print(json.dumps({"relaxed": loops.relaxed_package()}), flush=True)
+    print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
     loop = loops.factory(loop_name)()
     finished = loop.create_future()
     clients: list[socket.socket] = []
@@ -279,19 +278,19 @@ def _floor(served: list[socket.socket], driver: Driver) -> None:
 
 def count(name: str, size: int | str, rounds: int) -> int:
     """Instructions callgrind collected for one child run of loop *name*."""
-    first = loops.import_dir(name) if name != FLOOR else None
+    first = checkout.import_dir(name) if name != FLOOR else None
     env = runner._env(first)  # the checkout's shim first, then this tree
     env["PYTHONHASHSEED"] = "0"  # the same dict layouts in every run
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               sys.executable, "-m", "benchmarks.instructions", "--child",
+               sys.executable, "-m", "benchmarks", "instructions", "--child",
                loops.preset(name) if name != FLOOR else name, str(size), str(rounds)]
-    # In the baseline's shim folder: see loops.import_dir.
+    # In the baseline's shim folder: see checkout.import_dir.
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800,
                           cwd=first or ROOT)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-2000:]}")
     if name != FLOOR:
-        loops.check_package(name, json.loads(proc.stdout)["relaxed"], ROOT)
+        checkout.check_package(name, json.loads(proc.stdout)["relaxed"], ROOT)
     return parse_collected(proc.stderr, command)
 
 
@@ -330,9 +329,11 @@ def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
             for name in (FLOOR, *loop_names)}
 
 
-def table(result: dict[str, dict[str, float]], sizes: Sequence[int | str]) -> list[str]:
-    """Markdown rows: instructions per request, above the floor, ratio to stock
-    (for http, which has no floor: instructions and their ratio to stock)."""
+def table(result: dict[str, dict[str, float]],
+          sizes: Sequence[int | str]) -> tuple[list[str], list[list[str]]]:
+    """The header and rows: instructions per request, above the floor, ratio
+    to stock (for http, which has no floor: instructions and their ratio to
+    stock)."""
     head = ["loop"]
     for size in sizes:
         if isinstance(size, str):  # HTTP
@@ -340,9 +341,9 @@ def table(result: dict[str, dict[str, float]], sizes: Sequence[int | str]) -> li
             continue
         label = f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
         head += [f"{label}: instr/req", "above floor", "vs asyncio (above floor)"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
     floor = result[FLOOR]
     stock = result.get("asyncio")
+    body = []
     for name, by_size in result.items():
         cells = [name]
         for size in sizes:
@@ -352,7 +353,7 @@ def table(result: dict[str, dict[str, float]], sizes: Sequence[int | str]) -> li
                     cells += ["—", "—"]
                 else:
                     cells.append(f"{by_size[key]:,.0f}")
-                    cells.append("—" if stock is None else f"{by_size[key] / stock[key]:.2f}x")
+                    cells.append(report.ratio(by_size[key], stock and stock[key]))
                 continue
             above = by_size[key] - floor[key]
             cells.append(f"{by_size[key]:,.0f}")
@@ -360,47 +361,34 @@ def table(result: dict[str, dict[str, float]], sizes: Sequence[int | str]) -> li
             if stock is None or name == FLOOR:
                 cells.append("—")
             else:
-                cells.append(f"{above / (stock[key] - floor[key]):.2f}x")
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
+                cells.append(report.ratio(above, stock[key] - floor[key]))
+        body.append(cells)
+    return head, body
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loops", default=",".join(DEFAULT_LOOPS),
-                        help=f"comma-separated; known: {', '.join(loops.SPECS)}")
-    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
-                        help="message sizes in bytes, and/or http for the aiohttp "
-                        "workload (1024,102400)")
-    parser.add_argument("--baseline", type=Path, metavar="DIR",
-                        help="also count each relaxed preset from the checkout in DIR, "
-                        "as NAME@base")
-    parser.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
-    parser.add_argument("--results", type=Path, default=Path("results"))
-    parser.add_argument("--child", nargs=3, metavar=("LOOP", "SIZE", "ROUNDS"),
-                        help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        if args.child[1] == HTTP:
-            http_child(args.child[0], int(args.child[2]))
-        else:
-            child(args.child[0], int(args.child[1]), int(args.child[2]))
-        return 0
+def child_main(loop_name: str, size: str, rounds: str) -> None:
+    """What valgrind runs (``--child LOOP SIZE ROUNDS``): one echo or http run."""
+    if size == HTTP:
+        http_child(loop_name, int(rounds))
+    else:
+        child(loop_name, int(size), int(rounds))
+
+
+def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path | None,
+        jobs: int, results: Path, command: Sequence[str]) -> int:
+    """Count *loop_names* (the floor too) at *sizes*; write the JSON and the
+    Markdown table to *results* and print the table.  2 without valgrind."""
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind); nothing counted",
               file=sys.stderr)
         return 2
-    sizes: list[int | str] = [s if s == HTTP else int(s) for s in args.sizes.split(",") if s]
+    sizes = list(sizes)
     if HTTP in sizes and importlib.util.find_spec("aiohttp") is None:
         print("note: the http workload skipped: aiohttp is not installed", file=sys.stderr)
         sizes.remove(HTTP)
-    names = [n for n in args.loops.split(",") if n]
-    for name in names:
-        if name not in loops.SPECS:
-            parser.error(f"--loops: unknown loop {name!r}; known: {', '.join(loops.SPECS)}")
-    if args.baseline is not None:
-        names += [loops.register_baseline(n, args.baseline.resolve()) for n in list(names)
+    names = list(loop_names or DEFAULT_LOOPS)
+    if baseline is not None:
+        names += [checkout.register(n, baseline.resolve()) for n in list(names)
                   if loops.SPECS[n].kind == "relaxed"]
     runnable = []
     for name in names:
@@ -410,26 +398,27 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runnable.append(name)
     started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    result = measure(runnable, sizes, args.jobs,
-                     lambda line: print(line, file=sys.stderr, flush=True))
-    rows = table(result, sizes)
-    command = "python -m benchmarks.instructions " + " ".join(argv or sys.argv[1:])
-    doc = {"started": started, "command": command.strip(), "python": sys.version,
+    result = measure(runnable, sizes, jobs, lambda line: print(line, file=sys.stderr, flush=True))
+    header, body = table(result, sizes)
+    line = "python -m benchmarks " + " ".join(command[1:])
+    doc = {"started": started, "command": line, "python": sys.version,
            "pairs": PAIRS, "rounds": [LOW_ROUNDS, HIGH_ROUNDS], "warmup_rounds": WARMUP_ROUNDS,
            "versions": {n: loops.version(n) for n in runnable},
            "instructions_per_request": result}
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{started}-instructions.json"
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{started}-instructions.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     md = path.with_suffix(".md")
-    md.write_text(f"# Instructions per request ({started})\n\n`{doc['command']}`, "
+    md.write_text(f"# Instructions per request ({started})\n\n`{line}`, "
                   f"{PAIRS} socket pairs (echo) or keep-alive connections (http), "
                   f"callgrind; Python {sys.version.split()[0]}\n\n"
-                  + "\n".join(rows) + "\n")
-    print("\n".join(rows))
+                  + report.markdown_table(header, body) + "\n")
+    print(report.text_table(header, body))
     print(f"\nresults: {path}  report: {md}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the same as python -m benchmarks instructions
+    from benchmarks.cli import main
+
+    sys.exit(main(["instructions", *sys.argv[1:]]))

@@ -1,23 +1,27 @@
-"""The one table of loops the benchmarks know: a name -> a loop factory.
+"""The one table of event loops: a name -> a loop factory, for the benchmarks,
+the examples (``--loop NAME``) and the tests' behaviour suite.
 
-Peers that are not installed (uvloop, rloop) are reported as missing with the
-reason, never replaced by something else.  The relaxed presets cover each
-setting that changes what a benchmark measures: write mode, partial-write
-policy and accept strategy.  Only the public API of asyncio_relaxed is used.
+A peer that cannot run here (not installed, or no build for this Python) is
+reported by :func:`missing` with the reason, and its callers skip it: it is
+never replaced by another loop.  The relaxed presets cover each setting that
+changes what a benchmark measures: write mode, partial-write policy and
+accept strategy.  Only the public API of asyncio_relaxed is used.
+
+Selections of the table: :data:`PEERS` (the loops we are measured against),
+:data:`IO_LOOPS` and :data:`ACCEPT_LOOPS` (the benchmarks' workloads),
+:data:`SUITE_LOOPS` (the tests' behaviour suite) and :data:`EVENT_LOOPS`
+(every name that makes an event loop: the examples' ``--loop`` choices).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import dataclasses
 import importlib
-import importlib.util
 import os
-import shutil
+import platform
 import subprocess
-import tempfile
-import threading
+import sys
 from collections.abc import Callable, Mapping
 
 import asyncio_relaxed
@@ -28,25 +32,40 @@ LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
     name: str
-    #: "asyncio", "uvloop", "rloop", "relaxed", or "floor" (no event loop).
+    #: "asyncio", the module of a peer ("uvloop", "rloop", "zuvloop",
+    #: "rsloop"; each has ``new_event_loop()``), "relaxed", or "floor" (no
+    #: event loop: benchmarks.server runs it itself).
     kind: str
     #: asyncio_relaxed settings (keyword arguments of new_event_loop).
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: What the preset shows, for the report.
     about: str = ""
+    #: The oldest Python the peer has builds for.
+    python: tuple[int, int] = (3, 10)
+    #: The checkout a ``NAME@base`` twin imports asyncio_relaxed from
+    #: (benchmarks.checkout); None: this tree.
+    checkout: str | None = None
 
 
-# The presets.  "relaxed" alone is the default configuration, whatever the
-# defaults are at the time of the run (the JSON records them).
+#: The kinds that are an installable package with ``new_event_loop()``.
+PEER_KINDS = ("uvloop", "rloop", "zuvloop", "rsloop")
+
+# "relaxed" alone is the default configuration, whatever the defaults are at
+# the time of the run (the JSON records them).
 SPECS: dict[str, LoopSpec] = {
     s.name: s
     for s in (
         LoopSpec("asyncio", "asyncio", about="stock SelectorEventLoop"),
         LoopSpec("uvloop", "uvloop", about="libuv, Cython"),
         LoopSpec("rloop", "rloop", about="Rust (rloop), when installed"),
+        LoopSpec("zuvloop", "zuvloop", about="libuv, Zig (zuvloop), when installed",
+                 python=(3, 14)),
+        LoopSpec("rsloop", "rsloop", about="Rust (rsloop), when installed"),
         LoopSpec("relaxed", "relaxed", about="asyncio_relaxed, default settings"),
         LoopSpec("relaxed-eager", "relaxed", {"write": "eager", "partial_write": "poll"},
                  "send at once; wait for writability after a short write"),
+        LoopSpec("relaxed-eager-feed", "relaxed", {"write": "eager", "partial_write": "feed"},
+                 "send at once; retry a short write next iteration"),
         LoopSpec("relaxed-deferred", "relaxed", {"write": "deferred", "partial_write": "poll"},
                  "one coalesced sendmsg per iteration"),
         LoopSpec("relaxed-feed", "relaxed", {"write": "deferred", "partial_write": "feed"},
@@ -63,88 +82,24 @@ SPECS: dict[str, LoopSpec] = {
     )
 }
 
-#: The loops of the default run of most workloads.
-DEFAULT_LOOPS = ("asyncio", "uvloop", "rloop", "relaxed-eager", "relaxed-deferred")
-#: The loops of the accept workloads (churn, fairness).
+#: The loops we are measured against.
+PEERS = ("asyncio", *PEER_KINDS)
+#: The loops of the I/O workloads (echo, http, pipe, small writes, idle).
+IO_LOOPS = (*PEERS, "relaxed-eager", "relaxed-deferred")
+#: The loops of the accept-fairness workloads.
 ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed-relaxed",
                 "relaxed-balanced")
-
-
-#: Loops run from another checkout ("relaxed-eager@base"): name -> its path.
-BASELINES: dict[str, str] = {}
-#: Checkout path -> a folder holding only a link to its asyncio_relaxed.
-_SHIMS: dict[str, str] = {}
-_SHIMS_LOCK = threading.Lock()
-
-
-def register_baseline(name: str, path: object) -> str:
-    """Add loop *name* as run from the checkout at *path* (``--baseline``).
-
-    The twin is called ``name@base``: its server processes import
-    asyncio_relaxed from *path* first, so one run compares a change with
-    what it changed, next to the same peers.
-    """
-    twin = f"{name}@base"
-    spec = SPECS[name]
-    SPECS[twin] = dataclasses.replace(spec, name=twin, about=f"{spec.about}, from {path}")
-    BASELINES[twin] = str(path)
-    return twin
+#: The tests' behaviour suite: stock, uvloop, and ours in each write x
+#: partial-write setting.
+SUITE_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-eager-feed", "relaxed-deferred",
+               "relaxed-feed")
+#: Every name that makes an event loop (the floor does not).
+EVENT_LOOPS = tuple(name for name, spec in SPECS.items() if spec.kind != "floor")
 
 
 def preset(name: str) -> str:
-    """The preset a (possibly baseline) loop name runs."""
+    """The preset a (possibly ``@base``) loop name runs."""
     return name.partition("@")[0]
-
-
-def baseline_path(name: str) -> str | None:
-    return BASELINES.get(name)
-
-
-def import_dir(name: str) -> str | None:
-    """Where a child process running loop *name* must start, or None (this tree).
-
-    ``python -m`` puts its working directory first on sys.path, ahead of
-    PYTHONPATH, so a child started in this tree imports this tree's
-    asyncio_relaxed whatever PYTHONPATH says (every ``@base`` row before
-    2026-11-30 03:00 measured the new code that way).  A baseline's child
-    starts in, and puts first on PYTHONPATH, a folder holding only a link to
-    the checkout's asyncio_relaxed: that package comes from the checkout,
-    benchmarks/ and everything else from this tree, even when the checkout
-    has a benchmarks/ of its own.
-    """
-    path = BASELINES.get(name)
-    if path is None:
-        return None
-    with _SHIMS_LOCK:  # benchmarks.instructions asks from several threads
-        shim = _SHIMS.get(path)
-        if shim is None:
-            shim = tempfile.mkdtemp(prefix="relaxed-baseline-")
-            os.symlink(os.path.join(path, "asyncio_relaxed"),
-                       os.path.join(shim, "asyncio_relaxed"))
-            atexit.register(shutil.rmtree, shim, True)  # the link only, not the checkout
-            _SHIMS[path] = shim
-    return shim
-
-
-def relaxed_package() -> str | None:
-    """The folder this process imports asyncio_relaxed from (children report
-    it, and check_package compares it with the tree they should use)."""
-    spec = importlib.util.find_spec("asyncio_relaxed")
-    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
-
-
-def check_package(name: str, package_dir: str | None, root: object) -> None:
-    """Refuse a result whose child imported asyncio_relaxed from the wrong tree.
-
-    *package_dir* is what the child reported (the folder of the package it
-    imported), *root* this tree."""
-    if package_dir is None or SPECS[name].kind != "relaxed":
-        return
-    expected = os.path.realpath(BASELINES.get(name) or str(root))
-    got = os.path.dirname(os.path.realpath(package_dir))
-    if got != expected:
-        raise RuntimeError(f"the server of {name} imported asyncio_relaxed from {package_dir}, "
-                           f"not from {expected}: its figures would belong to another checkout")
 
 
 def missing(name: str) -> str | None:
@@ -152,14 +107,21 @@ def missing(name: str) -> str | None:
     spec = SPECS.get(name)
     if spec is None:
         return f"unknown loop {name!r}; known: {', '.join(SPECS)}"
-    if spec.kind in ("uvloop", "rloop"):
+    if spec.kind in PEER_KINDS:
+        if sys.version_info[:2] < spec.python:
+            return (f"{spec.kind} has builds for Python {'.'.join(map(str, spec.python))} "
+                    f"and later only; this is {platform.python_version()}")
         try:
             importlib.import_module(spec.kind)
-        except ImportError:
+        except ModuleNotFoundError as exc:
+            if exc.name != spec.kind:
+                return f"{spec.kind} does not import here: {exc}"
             return f"{spec.kind} is not installed (pip install {spec.kind})"
-    if name in BASELINES:
-        if not os.path.isfile(os.path.join(BASELINES[name], "asyncio_relaxed", "__init__.py")):
-            return f"{BASELINES[name]} holds no asyncio_relaxed package"
+        except ImportError as exc:
+            return f"{spec.kind} does not import here: {exc}"
+    if spec.checkout is not None:
+        if not os.path.isfile(os.path.join(spec.checkout, "asyncio_relaxed", "__init__.py")):
+            return f"{spec.checkout} holds no asyncio_relaxed package"
         return None  # its settings are checked by its own server process
     if spec.kind == "relaxed":
         try:
@@ -169,46 +131,66 @@ def missing(name: str) -> str | None:
     return None
 
 
-def factory(name: str) -> LoopFactory:
-    """A zero-argument loop factory for loop *name* (see :data:`SPECS`)."""
-    spec = SPECS[name]
+def factory(name: str, **settings: str | None) -> LoopFactory:
+    """A zero-argument loop factory for loop *name* (see :data:`SPECS`).
+
+    *settings* (relaxed loops only) override the preset's; None leaves a
+    setting to the preset, then to its environment variable or default.
+    Raises LookupError, with the reason, for a loop that cannot run here.
+    """
+    spec = SPECS.get(name)
     why = missing(name)
-    if why:
+    if spec is None or why:
         raise LookupError(why)
+    given = {key: value for key, value in settings.items() if value is not None}
+    if given and spec.kind != "relaxed":
+        raise ValueError(f"{' and '.join(given)}: settings of asyncio_relaxed, which loop "
+                         f"{name} ({spec.about}) is not; use relaxed or a relaxed-* preset")
     if spec.kind == "floor":
         raise LookupError("floor is not an event loop: benchmarks.server runs it itself")
     if spec.kind == "asyncio":
         return asyncio.SelectorEventLoop
-    if spec.kind in ("uvloop", "rloop"):
+    if spec.kind in PEER_KINDS:
         module = importlib.import_module(spec.kind)
         return module.new_event_loop  # type: ignore[no-any-return]
-    settings = dict(spec.settings)
-    return lambda: asyncio_relaxed.new_event_loop(**settings)
+    options = {**spec.settings, **given}
+    return lambda: asyncio_relaxed.new_event_loop(**options)
 
 
 def config(name: str) -> dict[str, object] | None:
     """The full settings loop *name* runs with (environment included), or None."""
-    if SPECS[name].kind != "relaxed" or name in BASELINES:
+    spec = SPECS[name]
+    if spec.kind != "relaxed" or spec.checkout is not None:
         return None
-    resolved = asyncio_relaxed.resolve(SPECS[name].settings)
-    return {f.name: str(getattr(resolved, f.name)) if isinstance(getattr(resolved, f.name), str)
-            else getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
+    return settings_dict(asyncio_relaxed.resolve(spec.settings))
+
+
+def defaults() -> dict[str, object]:
+    """asyncio_relaxed's default settings (no keyword, no environment)."""
+    return settings_dict(asyncio_relaxed.resolve({}, environ={}))
+
+
+def settings_dict(resolved: object) -> dict[str, object]:
+    """A resolved configuration as plain JSON values (modes as their token)."""
+    out: dict[str, object] = {}
+    for field in dataclasses.fields(resolved):  # type: ignore[arg-type]
+        value = getattr(resolved, field.name)
+        out[field.name] = str(value) if isinstance(value, str) else value
+    return out
 
 
 def version(name: str) -> str:
     """The version of the package behind loop *name*."""
-    kind = SPECS[name].kind
-    if kind in ("asyncio", "floor"):
-        import platform
-
+    spec = SPECS[name]
+    if spec.kind in ("asyncio", "floor"):
         return platform.python_version()
-    if name in BASELINES:
-        rev = subprocess.run(["git", "-C", BASELINES[name], "rev-parse", "--short", "HEAD"],
+    if spec.checkout is not None:
+        rev = subprocess.run(["git", "-C", spec.checkout, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True).stdout.strip()
-        return f"checkout {BASELINES[name]}" + (f" at {rev}" if rev else "")
-    from importlib import metadata
+        return f"checkout {spec.checkout}" + (f" at {rev}" if rev else "")
+    from importlib import metadata  # here: every server process imports this module
 
     try:
-        return metadata.version("asyncio-relaxed" if kind == "relaxed" else kind)
+        return metadata.version("asyncio-relaxed" if spec.kind == "relaxed" else spec.kind)
     except metadata.PackageNotFoundError:
         return "missing"

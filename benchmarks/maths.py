@@ -1,44 +1,36 @@
-"""The statistics of the report: medians, percentiles, spread, Jain's index.
+"""The statistics of the report: percentiles, spread, Jain's index, max/min.
 
-Pure functions, unit-tested in tests/test_benchmarks.py.
+Medians and percentiles are the stdlib's (``statistics``); what it does not
+have is here.  Pure functions, unit-tested in tests/test_benchmarks.py.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
-def median(values: Sequence[float]) -> float:
-    """The median of *values* (the mean of the middle two for an even count)."""
-    if not values:
-        raise ValueError("median of no values")
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    if len(ordered) % 2:
-        return float(ordered[mid])
-    return (ordered[mid - 1] + ordered[mid]) / 2
+def percentiles(values: Sequence[float], *qs: int) -> list[float]:
+    """The *qs*-th percentiles (each 1-99) of *values*, interpolated between
+    ranks as numpy's default ("linear") does, so p50 is the median.
 
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The *q*-th percentile (0-100) by linear interpolation between ranks.
-
-    The same definition as numpy's default ("linear"), so p50 is the median.
+    ``statistics.quantiles``' inclusive method is that interpolation; before
+    Python 3.13 it refuses a single value, whose every percentile is itself.
     """
     if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q={q!r} is not within 0..100")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+        raise ValueError("percentiles of no values")
+    if any(not 1 <= q <= 99 for q in qs):
+        raise ValueError(f"percentiles {qs!r}: each must be within 1..99")
+    if len(values) == 1:
+        return [float(values[0])] * len(qs)
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return [cuts[q - 1] for q in qs]
 
 
 def spread(values: Sequence[float]) -> float:
     """(max - min) / median of the repeats: the noise band of a median."""
-    mid = median(values)
+    mid = statistics.median(values)
     if mid == 0:
         return 0.0
     return (max(values) - min(values)) / abs(mid)

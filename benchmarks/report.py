@@ -27,7 +27,26 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                                                       "{:.1f}"),
                  ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
 }
+#: What follows a ratio in every table: "0.27", then this sign.
+TIMES = "\N{MULTIPLICATION SIGN}"
 SYSCALL_COLUMNS = ("poll_waits", "epoll_ctl", "recv", "send", "accept")
+#: Per kind of workload, the ratio column of its table: (title, metric, the
+#: loop every row is divided by).
+RATIO_COLUMNS: dict[str, tuple[str, str, str]] = {
+    "request": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
+    "connection": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
+    "MiB": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
+    "fairness": ("conn/s vs batch", "conns_per_s", "relaxed-batch"),
+}
+#: Per kind of workload, the figure the summary compares and whether a
+#: lower one is better.
+SUMMARY_METRICS: dict[str, tuple[str, bool]] = {
+    "request": ("cpu_us_per_unit", True),
+    "connection": ("cpu_us_per_unit", True),
+    "MiB": ("gbit_s", False),
+    "idle": ("bytes_per_unit", True),
+    "fairness": ("jain", False),
+}
 
 
 def kind(entry: dict[str, Any]) -> str:
@@ -46,15 +65,24 @@ def _fmt(fmt: str, value: float | None) -> str:
     return fmt.format(value)
 
 
+def ratio(value: float | None, base: float | None) -> str:
+    """*value* / *base* as a table cell (two decimals and TIMES), or a dash
+    without both."""
+    if not value or not base or not math.isfinite(value) or not math.isfinite(base):
+        return "—"
+    return f"{value / base:.2f}{TIMES}"
+
+
 def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The header and the rows of one workload's table."""
     columns = COLUMNS[kind(entry)]
     header = ["loop", *(title for title, _, _ in columns)]
     unit = {"request": "req", "connection": "conn", "MiB": "MiB"}.get(entry["unit"], "req")
-    base = entry["loops"].get("asyncio", {}).get("median", {}).get("cpu_us_per_unit")
-    with_cpu = kind(entry) in ("request", "connection", "MiB")
-    if with_cpu:
-        header.append("CPU vs asyncio")
+    ratio_column = RATIO_COLUMNS.get(kind(entry))
+    if ratio_column:
+        title, metric, against = ratio_column
+        base = entry["loops"].get(against, {}).get("median", {}).get(metric)
+        header.append(title)
     has_sys = any("syscalls_strace" in v or "poll_waits_per_unit" in v["median"]
                   for v in entry["loops"].values())
     if has_sys:
@@ -63,9 +91,8 @@ def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for name, data in entry["loops"].items():
         med = data["median"]
         row = [name, *(_fmt(fmt, med.get(key)) for _, key, fmt in columns)]
-        if with_cpu:
-            cpu = med.get("cpu_us_per_unit")
-            row.append(f"{cpu / base:.2f}×" if base and cpu else "—")  # noqa: RUF001
+        if ratio_column:
+            row.append(ratio(med.get(metric), base))
         if has_sys:
             # strace counts every loop the same way; statistics() is ours only.
             counts = data.get("syscalls_strace") or {
@@ -74,6 +101,55 @@ def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             row.append(_fmt("{:.2f}", med.get("callbacks_per_unit")))
         out.append(row)
     return header, out
+
+
+def ours(doc: dict[str, Any], entry: dict[str, Any]) -> str | None:
+    """Our default loop in *entry*: the relaxed loop run with asyncio_relaxed's
+    default settings (``doc["defaults"]``), else the first relaxed loop; never
+    an ``@base`` twin."""
+    relaxed = [n for n in entry["loops"]
+               if doc["loops"].get(n, {}).get("kind") == "relaxed" and "@" not in n]
+    for name in relaxed:
+        if "defaults" in doc and doc["loops"][name].get("config") == doc["defaults"]:
+            return name
+    return relaxed[0] if relaxed else None
+
+
+def summary(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per workload, our default loop's figure over each peer's in the run
+    (and over its own ``@base`` twin's): the header and the rows."""
+    peers: list[str] = []
+    picked = []
+    for entry in doc["workloads"]:
+        name = ours(doc, entry)
+        if name is None or kind(entry) not in SUMMARY_METRICS:
+            continue
+        picked.append((entry, name))
+        peers += [n for n in entry["loops"]
+                  if doc["loops"][n]["kind"] != "relaxed" and n not in peers]
+    if any(f"{name}@base" in entry["loops"] for entry, name in picked):
+        peers.append("@base")
+    header = ["workload", "our loop", "figure", "ours", *(f"vs {p}" for p in peers), "noise"]
+    body = []
+    for entry, name in picked:
+        metric, lower = SUMMARY_METRICS[kind(entry)]
+        title, fmt = next((t, f) for t, key, f in COLUMNS[kind(entry)] if key == metric)
+        value = entry["loops"][name]["median"].get(metric)
+        cells = []
+        for peer in peers:
+            other = f"{name}@base" if peer == "@base" else peer
+            data = entry["loops"].get(other)
+            cells.append(ratio(value, data["median"].get(metric)) if data else "")
+        worst = max((d["spread"].get(metric, 0.0) for d in entry["loops"].values()),
+                    default=0.0)
+        body.append([entry["name"], name, f"{title} {'↓' if lower else '↑'}", _fmt(fmt, value),
+                     *cells, f"±{worst:.0%}"])
+    return header, body
+
+
+SUMMARY_NOTE = ("ours / each peer, medians of this run; ↓: lower is better (a ratio "
+                "under 1 is ours ahead), ↑: higher is better; noise: the largest spread "
+                "of the repeats in the workload")
 
 
 def spread_note(entry: dict[str, Any]) -> str:
@@ -126,6 +202,15 @@ def terminal(doc: dict[str, Any], out: Callable[[str], None] = print) -> None:
             out(f"  {name}: {len(errors)} failed run(s): {errors[0]}")
     for name, why in doc["skipped"].items():
         out(f"note: {name} skipped: {why}")
+    header, body = summary(doc)
+    if body:
+        out("")
+        out(f"Summary ({SUMMARY_NOTE}):")
+        out(text_table(header, body))
+    failed = [f"{entry['name']} on {name} ({len(errors)})" for entry in doc["workloads"]
+              for name, errors in entry.get("errors", {}).items()]
+    if failed:
+        out(f"failed runs, their errors above: {', '.join(failed)}")
 
 
 def markdown(doc: dict[str, Any], charts: list[Path]) -> str:
@@ -133,6 +218,9 @@ def markdown(doc: dict[str, Any], charts: list[Path]) -> str:
              f"Command: `python -m benchmarks {' '.join(doc['command'][1:])}`", ""]
     for name, why in doc["skipped"].items():
         parts.append(f"- {name} skipped: {why}")
+    header, body = summary(doc)
+    if body:
+        parts += ["", "## Summary", "", markdown_table(header, body), "", SUMMARY_NOTE + "."]
     for entry in doc["workloads"]:
         parts += ["", f"## {entry['name']}", "", entry["about"] + ".", ""]
         if entry["loops"]:

@@ -1,6 +1,6 @@
 """One benchmark run: every selected workload on every selected loop.
 
-Method (DESIGN.md section 4): the server runs in its own process pinned to
+Method (docs/benchmarks.md): the server runs in its own process pinned to
 one CPU, the load generator in another pinned to a different CPU; for each
 workload the loops are interleaved (A B C, A B C, ...) so that drift of a
 noisy machine spreads over all loops; every run has a warm-up the figures
@@ -17,6 +17,7 @@ for the workloads marked ``syscalls`` when strace is installed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fnmatch
 import json
@@ -26,6 +27,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,13 +36,18 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks import loops, maths
+from benchmarks import checkout, fairness, loops, maths
 from benchmarks.workloads import WORKLOADS, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
 #: Seconds any one server or client may take before the run is abandoned.
 HARD_TIMEOUT = 120.0
+#: Seconds a server may take to answer a mark, which takes it one loop
+#: iteration: one that falls further behind its input fails the run (rloop
+#: 0.5.0's pipe-100k server answered after 70-79 s in 3 runs of 26 on the
+#: 2-CPU machine of the README, once at 23 GB RSS).
+MARK_TIMEOUT = 5.0
 
 
 # -- the machine ------------------------------------------------------------------
@@ -110,15 +117,15 @@ class Process:
                  pythonpath: str | None = None) -> None:
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            # In the baseline's shim folder (loops.import_dir: ``python -m``
+            # In the baseline's shim folder (checkout.import_dir: ``python -m``
             # puts its working directory first on sys.path).
             text=True, cwd=pythonpath or ROOT, env=_env(pythonpath), preexec_fn=pin(cpu),
         )
         self.command = command
 
-    def read(self) -> dict[str, Any]:
+    def read(self, timeout: float = HARD_TIMEOUT) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        line = _readline(self.proc.stdout, HARD_TIMEOUT)
+        line = _readline(self.proc.stdout, timeout)
         if not line:
             self.proc.kill()
             assert self.proc.stderr is not None
@@ -218,9 +225,10 @@ def server_command(w: Workload, loop: str) -> list[str]:
             "--loop", loops.preset(loop), *w.server_args]
 
 
-def client_command(w: Workload, port: int, warmup: float, duration: float) -> list[str]:
+def client_command(w: Workload, warmup: float, duration: float) -> list[str]:
+    """The built-in client of *w*; it reads the server's port from its input."""
     kind = "http" if w.client == "wrk" else w.client
-    return [sys.executable, "-m", "benchmarks.client", "--kind", kind, "--port", str(port),
+    return [sys.executable, "-m", "benchmarks.client", "--kind", kind,
             "--concurrency", str(w.concurrency), "--request", str(w.request),
             "--response", str(w.response), "--path", w.path,
             "--warmup", str(warmup), "--duration", str(duration)]
@@ -251,8 +259,6 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
             syscalls: bool = False) -> dict[str, Any]:
     """One measured run of workload *w* on *loop*: the sample's metrics."""
     if w.server == "fairness":
-        from benchmarks import fairness
-
         outcome: dict[str, Any] = fairness.run_once(
             loop, workers=w.workers, concurrency=w.concurrency, keepalive=w.keepalive,
             duration=duration, warmup=warmup)
@@ -263,22 +269,24 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
     before: dict[str, Any] = {}
     after: dict[str, Any] = {}
     result: dict[str, Any]
+    use_wrk = w.client == "wrk" and shutil.which("wrk") is not None
     with processes() as started:
-        server = Process(server_command(w, loop), server_cpu, loops.import_dir(loop))
+        server = Process(server_command(w, loop), server_cpu, checkout.import_dir(loop))
         started.append(server)
+        if not use_wrk:  # it starts up while the server does, then waits for the port
+            client = Process(client_command(w, warmup, duration), client_cpu)
+            started.append(client)
         listening = server.read()
         port = listening["listening"]
-        loops.check_package(loop, listening.get("relaxed"), ROOT)
+        checkout.check_package(loop, listening.get("relaxed"), ROOT)
         pid = server.proc.pid
         if w.client == "idle":
             before = _mark(server)
-        use_wrk = w.client == "wrk" and shutil.which("wrk") is not None
         if use_wrk:
             _wrk(port, w, max(1, round(warmup)), client_cpu)  # warm-up
             client_name = wrk_version() or "wrk"
         else:
-            client = Process(client_command(w, port, warmup, duration), client_cpu)
-            started.append(client)
+            client.say(str(port))
             client_name = client.read()["client"]
         if w.client == "idle":
             # Every connection is open and idle now: the second mark must
@@ -320,7 +328,11 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
 
 def _mark(server: Process) -> dict[str, Any]:
     server.say("mark")
-    return server.read()
+    try:
+        return server.read(MARK_TIMEOUT)
+    except TimeoutError:
+        raise TimeoutError(f"the server answered no mark within {MARK_TIMEOUT} s: it is "
+                           "behind its input") from None
 
 
 _WRK_TIME = re.compile(r"([\d.]+)(us|ms|s)\b")
@@ -375,18 +387,19 @@ def summarize(samples: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str
     for key in METRICS:
         values = [s[key] for s in samples if key in s and math.isfinite(s[key])]
         if values:
-            medians[key] = maths.median(values)
+            medians[key] = statistics.median(values)
             spreads[key] = maths.spread(values)
     nested = [s["syscalls"] for s in samples if "syscalls" in s]
     if nested:
-        medians.update({f"{k}_per_unit": maths.median([n[k] for n in nested])
+        medians.update({f"{k}_per_unit": statistics.median([n[k] for n in nested])
                         for k in nested[0]})
     return medians, spreads
 
 
 def select(names: Sequence[str] | None, full: bool) -> list[Workload]:
-    """The workloads named (shell patterns allowed: ``echo-*``), or the
-    default set, or every workload with *full*."""
+    """The workloads named (shell patterns allowed: ``echo-*``), or every
+    workload with *full*, each on its loops; or the default set, each on its
+    ``default_loops``."""
     if names:
         unknown = [n for n in names if not fnmatch.filter(WORKLOADS, n)]
         if unknown:
@@ -394,7 +407,65 @@ def select(names: Sequence[str] | None, full: bool) -> list[Workload]:
                              f"known: {', '.join(WORKLOADS)}")
         return [w for name, w in WORKLOADS.items() if any(fnmatch.fnmatchcase(name, n)
                                                            for n in names)]
-    return [w for w in WORKLOADS.values() if full or w.default]
+    if full:
+        return list(WORKLOADS.values())
+    return [dataclasses.replace(w, loops=w.default_loops) for w in WORKLOADS.values()
+            if w.default]
+
+
+class Progress:
+    """Progress lines: which run of how many, the time so far and an estimate
+    of the time left (the mean time of the runs so far, times those left)."""
+
+    def __init__(self, total: int, out: Callable[[str], None]) -> None:
+        self.total = total
+        self.done = 0
+        self.out = out
+        self.started = time.monotonic()
+
+    def step(self, what: str) -> None:
+        elapsed = time.monotonic() - self.started
+        left = (f", ~{_clock(elapsed / self.done * (self.total - self.done))} left"
+                if self.done else "")
+        self.done += 1
+        width = len(str(self.total))
+        self.out(f"[{self.done:>{width}}/{self.total} {_clock(elapsed)}{left}] {what}")
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def plan(workloads: Sequence[Workload], loop_names: Sequence[str] | None,
+         baseline: Path | None) -> tuple[list[str], list[tuple[Workload, list[str]]]]:
+    """(every loop of the run, [(workload, its loops in run order)]).
+
+    A workload runs its own loops (``Workload.loops``) that ``loop_names``
+    (all when None) allows, and the other loops named there that fit it
+    (:func:`_fits`); with *baseline*, every relaxed preset's ``@base`` twin
+    right after it, except under fairness, which forks this process.
+    """
+    wanted = set(loop_names) if loop_names else None
+    order = list(loops.SPECS)
+    all_loops = sorted({n for w in workloads for n in w.loops if not wanted or n in wanted}
+                       | (wanted or set()),
+                       key=lambda n: order.index(n) if n in order else len(order))
+    if baseline:
+        all_loops = [x for n in all_loops for x in (
+            (n, checkout.register(n, baseline)) if loops.SPECS.get(n, None)
+            and loops.SPECS[n].kind == "relaxed" else (n,))]
+    runs = []
+    for w in workloads:
+        names = [n for n in w.loops if not wanted or n in wanted]
+        if baseline and w.server != "fairness":
+            names = [x for n in names for x in (n, *(b for b in all_loops
+                                                    if b.startswith(n + "@")))]
+        if wanted:
+            names += [n for n in all_loops if n in wanted and n not in names
+                      and n in loops.SPECS and _fits(w, n)]
+        runs.append((w, names))
+    return all_loops, runs
 
 
 def run(
@@ -406,20 +477,15 @@ def run(
     repeat: int,
     syscalls: bool,
     baseline: Path | None = None,
+    command: Sequence[str] | None = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run every workload on its loops; return the results document."""
-    started = datetime.datetime.now(datetime.timezone.utc)
-    wanted = set(loop_names) if loop_names else None
-    order = list(loops.SPECS)
-    all_loops = sorted({n for w in workloads for n in w.loops if not wanted or n in wanted}
-                       | (wanted or set()),
-                       key=lambda n: order.index(n) if n in order else len(order))
-    if baseline:
-        # Each relaxed preset also runs from the baseline checkout, next to it.
-        all_loops = [x for n in all_loops for x in (
-            (n, loops.register_baseline(n, baseline)) if loops.SPECS.get(n, None)
-            and loops.SPECS[n].kind == "relaxed" else (n,))]
+    """Run every workload on its loops; return the results document.
+
+    *command* is the command line the document records (this process's
+    when None); *progress* gets a line per run and each note."""
+    started = datetime.datetime.now(datetime.UTC)
+    all_loops, runs = plan(workloads, loop_names, baseline)
     skipped = {n: why for n in all_loops if (why := loops.missing(n))}
     for name, why in skipped.items():
         progress(f"note: loop {name} skipped: {why}")
@@ -427,37 +493,34 @@ def run(
         progress("note: strace is not installed; syscall counts come from "
                  "loop.statistics() on asyncio_relaxed only")
         syscalls = False
+    runs = [(w, [n for n in names if n not in skipped]) for w, names in runs]
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "started": started.isoformat(timespec="seconds"),
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "command": list(command or [Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": machine(),
         "method": {"duration": duration, "warmup": warmup, "repeat": repeat,
                    "order": "per workload, loops interleaved in each repeat"},
         "loops": {n: {"version": loops.version(n), "kind": loops.SPECS[n].kind,
                       "settings": dict(loops.SPECS[n].settings), "about": loops.SPECS[n].about,
                       "config": loops.config(n),
-                      **({"baseline": loops.baseline_path(n)} if "@" in n else {})}
+                      **({"baseline": loops.SPECS[n].checkout} if "@" in n else {})}
                   for n in all_loops if n not in skipped},
+        "defaults": loops.defaults(),
         "skipped": skipped,
         "workloads": [],
     }
     if "http" in {w.server for w in workloads} and not doc["machine"]["wrk"]:
         progress("note: wrk is not installed; HTTP load comes from the built-in client")
-    for w in workloads:
-        names = [n for n in w.loops if n not in skipped and (not wanted or n in wanted)]
-        if baseline and w.server != "fairness":  # fairness forks this process: no baseline
-            names = [x for n in names for x in (n, *(b for b in all_loops
-                                                    if b.startswith(n + "@")))]
-        if wanted:
-            names += [n for n in all_loops if n in wanted and n not in names
-                      and n not in skipped and _fits(w, n)]
+    meter = Progress(sum(len(names) * (repeat + int(syscalls and w.syscalls))
+                         for w, names in runs), progress)
+    for w, names in runs:
         entry: dict[str, Any] = {"name": w.name, "about": w.about, "unit": w.unit,
                                  "params": w.params(), "loops": {}, "errors": {}}
         samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for r in range(repeat):
             for name in names:
-                progress(f"{w.name:<26} {name:<18} run {r + 1}/{repeat}")
+                meter.step(f"{w.name:<26} {name:<18} run {r + 1}/{repeat}")
                 try:
                     samples[name].append(run_one(w, name, warmup=warmup, duration=duration))
                 except Exception as exc:  # one failed run must not lose the others
@@ -471,9 +534,9 @@ def run(
                                     "spread": spreads, "client": samples[name][0]["client"]}
         if syscalls and w.syscalls:
             for name in names:
+                meter.step(f"{w.name:<26} {name:<18} strace -c")
                 if name not in entry["loops"]:
                     continue
-                progress(f"{w.name:<26} {name:<18} strace -c")
                 try:
                     traced = run_one(w, name, warmup=warmup, duration=min(duration, 1.0),
                                      syscalls=True)
@@ -482,7 +545,7 @@ def run(
                     continue
                 entry["loops"][name]["syscalls_strace"] = traced["syscalls_strace"]
         doc["workloads"].append(entry)
-    doc["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return doc
 
 

@@ -1,38 +1,40 @@
-"""The one table of loops the examples offer with --loop (shared by each script).
+"""The examples' ``--loop``: the loop table of benchmarks/loops.py.
 
-The examples run as scripts (``python examples/echo_server.py``), so this
-module is imported as ``_loops`` from the scripts' own folder.
+The examples run as scripts from the checkout (``python
+examples/echo_server.py``), which puts examples/, not the checkout, on
+sys.path: the checkout is appended here, so ``benchmarks.loops`` is the same
+table for the tests, the examples and the benchmarks, and every package
+installed in the environment still comes first.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+import argparse
+import sys
+from pathlib import Path
 
-import asyncio_relaxed
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+if CHECKOUT not in sys.path:
+    sys.path.append(CHECKOUT)
 
-LOOPS = ("asyncio", "uvloop", "relaxed")
+from benchmarks import loops  # noqa: E402  (importable from the checkout only)
 
 
-def make_loop_factory(
-    name: str,
-    write: str | None = None,
-    partial_write: str | None = None,
-    **more: str | None,
-) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """A zero-argument loop factory for *name*; None if it is not installed.
+def add_loop_option(parser: argparse.ArgumentParser, default: str = "relaxed") -> None:
+    parser.add_argument("--loop", choices=loops.EVENT_LOOPS, default=default, metavar="NAME",
+                        help=f"the event loop ({default}): {', '.join(loops.EVENT_LOOPS)}; "
+                        "relaxed-* are asyncio_relaxed's presets (benchmarks/loops.py)")
 
-    *write*, *partial_write* and *more* (e.g. ``accept``) are asyncio_relaxed
-    settings; None leaves a setting to its environment variable or default.
-    """
-    if name == "asyncio":
-        return asyncio.SelectorEventLoop
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:  # an optional peer
-            return None
-        return uvloop.new_event_loop  # type: ignore[no-any-return]
-    options = {"write": write, "partial_write": partial_write, **more}
-    options = {k: v for k, v in options.items() if v}
-    return lambda: asyncio_relaxed.new_event_loop(**options)
+
+def loop_factory(parser: argparse.ArgumentParser, name: str,
+                 **settings: str | None) -> loops.LoopFactory:
+    """The factory of loop *name* with asyncio_relaxed *settings* (None: the
+    preset's, else the environment's); a loop that cannot run here, or
+    settings given to another loop than ours, stop the script with the reason."""
+    why = loops.missing(name)
+    if why:
+        parser.error(f"--loop {name}: {why}")
+    try:
+        return loops.factory(name, **settings)
+    except ValueError as exc:
+        parser.error(f"--loop {name}: {exc}")

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from _loops import LOOPS, make_loop_factory
+from _loops import add_loop_option, loop_factory, loops
 
 # -- the server -----------------------------------------------------------------
 
@@ -171,11 +171,8 @@ async def load(port: int, size: int, clients: int, duration: float) -> dict[str,
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    loop_name, _, write = name.partition("-")
-    command = [sys.executable, __file__, "serve", "--loop", loop_name, "--api", args.api,
+    command = [sys.executable, __file__, "serve", "--loop", name, "--api", args.api,
                "--port", "0", "--size", str(args.size)]
-    if write:
-        command += ["--write", write]
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     server_cpu, client_cpu = (cpus[0], cpus[-1]) if len(cpus) >= 2 else (None, None)
     preexec = (lambda: os.sched_setaffinity(0, {server_cpu})) if server_cpu is not None else None
@@ -213,9 +210,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
 def compare(args: argparse.Namespace) -> None:
     names = [n for n in args.loops.split(",") if n]
     samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    skipped = {n for n in names if make_loop_factory(n.partition("-")[0], None, None) is None}
-    for n in sorted(skipped):
-        print(f"note: {n} is not installed; skipped", file=sys.stderr)
+    skipped = {n: why for n in names if (why := loops.missing(n))}
+    for n, why in skipped.items():
+        print(f"note: {n} skipped: {why}", file=sys.stderr)
     for round_ in range(args.repeat + 1):  # round 0 is the warm-up
         for name in names:  # interleaved: A B C, A B C, ...
             if name in skipped:
@@ -247,7 +244,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run an echo server until SIGINT/SIGTERM")
-    s.add_argument("--loop", choices=LOOPS, default="relaxed")
+    add_loop_option(s)
     s.add_argument("--api", choices=("protocol", "buffered", "streams"), default="protocol")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=25000)
@@ -256,7 +253,9 @@ def main() -> None:
     s.add_argument("--size", type=int, default=0,
                    help="message size: on exit, print statistics() per request (stderr)")
     c = sub.add_parser("compare", help="run the same echo load against each loop")
-    c.add_argument("--loops", default="asyncio,uvloop,relaxed-eager,relaxed-deferred")
+    c.add_argument("--loops", default="asyncio,uvloop,relaxed-eager,relaxed-deferred",
+                   help="comma-separated --loop names (asyncio,uvloop,relaxed-eager,"
+                   "relaxed-deferred)")
     c.add_argument("--api", choices=("protocol", "buffered", "streams"), default="protocol")
     c.add_argument("--size", type=int, default=1024, help="message size in bytes")
     c.add_argument("--clients", type=int, default=10)
@@ -266,10 +265,8 @@ def main() -> None:
     if args.command == "compare":
         compare(args)
         return
-    factory = make_loop_factory(args.loop, args.write, args.partial_write)
-    if factory is None:
-        parser.error(f"--loop {args.loop}: not installed")
-    loop = factory()
+    loop = loop_factory(parser, args.loop, write=args.write,
+                        partial_write=args.partial_write)()
     try:
         loop.run_until_complete(serve(args))
     finally:

@@ -112,10 +112,10 @@ def listen(host: str, port: int, backlog: int) -> socket.socket:
 def main(argv: list[str] | None = None) -> None:
     # Imported here: gunicorn imports this module as examples.http_server for
     # create_app(), where the scripts' folder is not on sys.path.
-    from _loops import LOOPS, make_loop_factory
+    from _loops import add_loop_option, loop_factory
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loop", choices=LOOPS, default="relaxed")
+    add_loop_option(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     parser.add_argument("--backlog", type=int, default=1024)
@@ -136,12 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds in-flight requests get to finish after SIGINT/SIGTERM",
     )
     args = parser.parse_args(argv)
-    if args.loop != "relaxed" and (args.write or args.partial_write):
-        parser.error("--write and --partial-write apply to --loop relaxed only")
-    factory = make_loop_factory(args.loop, args.write, args.partial_write)
-    if factory is None:
-        parser.error(f"--loop {args.loop}: not installed")
-    loop = factory()
+    loop = loop_factory(parser, args.loop, write=args.write,
+                        partial_write=args.partial_write)()
     sock = listen(args.host, args.port, args.backlog)
     print(json.dumps({"listening": sock.getsockname()[1], "loop": loop_name(loop)}), flush=True)
     # run_app installs SIGINT and SIGTERM handlers on the loop (GracefulExit):

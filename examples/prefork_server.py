@@ -26,7 +26,7 @@ import socket
 import sys
 from typing import Any
 
-from _loops import LOOPS, make_loop_factory
+from _loops import add_loop_option, loop_factory, loops
 
 
 class Answer(asyncio.Protocol):
@@ -45,10 +45,8 @@ class Answer(asyncio.Protocol):
         self.transport.write((Answer.worker + b"\n") * lines)
 
 
-def worker(index: int, sock: socket.socket, args: argparse.Namespace, report: int) -> None:
-    """The child: serve on the shared socket until SIGTERM, then report."""
-    factory = make_loop_factory(args.loop, args.write, None, accept=args.accept)
-    assert factory is not None
+def worker(index: int, sock: socket.socket, factory: loops.LoopFactory, report: int) -> None:
+    """The child: make its loop, serve on the shared socket until SIGTERM, then report."""
     loop = factory()
     Answer.worker = str(index).encode()
     stop = loop.create_future()
@@ -82,7 +80,7 @@ def load(address: tuple[str, int], n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loop", choices=LOOPS, default="relaxed")
+    add_loop_option(parser)
     parser.add_argument("--accept", choices=("batch", "single", "relaxed", "balanced"),
                         help="relaxed accept strategy (default: ASYNCIO_RELAXED_ACCEPT or batch)")
     parser.add_argument("--write", choices=("eager", "deferred"), help="relaxed write mode")
@@ -92,10 +90,7 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0,
                         help="connect this many times, one at a time, then stop and report")
     args = parser.parse_args()
-    if args.loop != "relaxed" and (args.accept or args.write):
-        parser.error("--accept and --write apply to --loop relaxed only")
-    if make_loop_factory(args.loop) is None:
-        parser.error(f"--loop {args.loop}: not installed")
+    factory = loop_factory(parser, args.loop, write=args.write, accept=args.accept)
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # listening socket only
@@ -113,7 +108,7 @@ def main() -> None:
             os.close(read_end)
             code = 0
             try:
-                worker(index, sock, args, write_end)
+                worker(index, sock, factory, write_end)
             except BaseException:
                 code = 1
                 raise

@@ -1,15 +1,15 @@
 """One behaviour suite, every loop (uvloop's _testbase mixins, anyio's conftest).
 
 ``loop`` is parametrized over stock asyncio, uvloop (skipped with the reason
-when it is not installed) and asyncio_relaxed in each write x partial-write
-setting.  A test fails on any call of the loop's exception handler it did not
-declare with ``loop_errors.expect(...)``.
+when it cannot run here) and asyncio_relaxed in each write x partial-write
+setting, from the one loop table (benchmarks/loops.py).  A test fails on any
+call of the loop's exception handler it did not declare with
+``loop_errors.expect(...)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -17,25 +17,17 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
+from benchmarks.loops import SPECS, SUITE_LOOPS, factory, missing
 
-try:
-    import uvloop
-except ImportError:  # optional peer
-    uvloop = None
-
+#: Our loop's settings in the suite: write x partial_write, by loop name
+#: (the names are benchmarks/loops.py's, the one loop table).
 RELAXED_SETTINGS = {
-    f"relaxed-{write}-{partial}": {"write": write, "partial_write": partial}
-    for write in ("eager", "deferred")
-    for partial in ("poll", "feed")
+    name: dict(SPECS[name].settings) for name in SUITE_LOOPS if SPECS[name].kind == "relaxed"
 }
 
+#: Every loop of the suite, None where it cannot run here (missing() says why).
 LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop] | None] = {
-    "asyncio": asyncio.SelectorEventLoop,
-    "uvloop": uvloop.new_event_loop if uvloop is not None else None,
-    **{
-        name: functools.partial(asyncio_relaxed.new_event_loop, **settings)
-        for name, settings in RELAXED_SETTINGS.items()
-    },
+    name: None if missing(name) else factory(name) for name in SUITE_LOOPS
 }
 
 
@@ -136,8 +128,9 @@ def loop_errors() -> LoopErrors:
 @pytest.fixture(params=list(LOOP_FACTORIES))
 def loop_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
-    if LOOP_FACTORIES[name] is None:
-        pytest.skip(f"{name} is not installed")
+    why = missing(name)
+    if why:
+        pytest.skip(why)
     return name
 
 
@@ -164,7 +157,7 @@ def relaxed_loop(
     request: pytest.FixtureRequest, loop_errors: LoopErrors
 ) -> Iterator[asyncio_relaxed.Loop]:
     """Only our loop, in each setting: for tests that read statistics()."""
-    loop = asyncio_relaxed.new_event_loop(**RELAXED_SETTINGS[request.param])
+    loop = asyncio_relaxed.Loop(**RELAXED_SETTINGS[request.param])
     loop.set_exception_handler(loop_errors.handler)
     try:
         yield loop

@@ -1,43 +1,42 @@
-"""The benchmark suite: its maths, its parsers, and a smoke run of every kind
-of workload on the stock loop and ours (schema and positive, finite numbers;
-no timing assertions)."""
+"""The benchmark suite: its maths, its parsers, the loop table, the command
+line and the summary, and a smoke run of every kind of workload on the stock
+loop and ours (schema and positive, finite numbers; no timing assertions)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import importlib
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks import __main__ as cli
-from benchmarks import loops, maths, report, runner
+from benchmarks import checkout, cli, loops, maths, report, runner, workloads
 from benchmarks.workloads import WORKLOADS, Workload
+
+X = report.TIMES  # after every ratio in the tables
 
 # -- maths ---------------------------------------------------------------------------
 
 
-def test_median_odd_even_and_unsorted() -> None:
-    assert maths.median([3, 1, 2]) == 2
-    assert maths.median([4, 1, 3, 2]) == 2.5
+def test_percentiles_interpolate_like_numpy_linear() -> None:
+    values = list(range(100, 0, -1))  # 1..100, unsorted
+    p50, p99, p1 = maths.percentiles(values, 50, 99, 1)
+    assert p50 == 50.5  # == the median
+    assert p99 == pytest.approx(99.01)
+    assert p1 == pytest.approx(1.99)
+    assert maths.percentiles([7.0], 50, 99) == [7.0, 7.0]
+    assert maths.percentiles([1.0, 3.0], 50) == [2.0]
     with pytest.raises(ValueError):
-        maths.median([])
-
-
-def test_percentile_interpolates_like_numpy_linear() -> None:
-    values = list(range(1, 101))  # 1..100
-    assert maths.percentile(values, 50) == 50.5  # == the median
-    assert maths.percentile(values, 99) == pytest.approx(99.01)
-    assert maths.percentile(values, 0) == 1
-    assert maths.percentile(values, 100) == 100
-    assert maths.percentile([7.0], 99) == 7.0
+        maths.percentiles(values, 100)
     with pytest.raises(ValueError):
-        maths.percentile(values, 101)
-    with pytest.raises(ValueError):
-        maths.percentile([], 50)
+        maths.percentiles([], 50)
 
 
 def test_spread_is_range_over_median() -> None:
@@ -118,16 +117,95 @@ def test_every_workload_is_runnable_by_name() -> None:
         assert w.server in (*server.KINDS, "fairness"), w
         assert w.client in (*client.KINDS, "wrk", "fairness"), w
         assert set(w.loops) <= set(loops.SPECS), w
+        assert set(w.default_loops) <= set(w.loops), w  # the default set is a part of --full
     assert any(w.default for w in WORKLOADS.values())
 
 
+def test_the_default_set_runs_each_workload_on_its_default_loops() -> None:
+    chosen = runner.select(None, full=False)
+    assert [w.name for w in chosen] == [w.name for w in WORKLOADS.values() if w.default]
+    for w in chosen:
+        assert w.loops == WORKLOADS[w.name].default_loops
+        assert w.params() == WORKLOADS[w.name].params()  # the same workload in the JSON
+        # Our default settings against every peer in each workload.
+        assert set(loops.PEERS) & set(w.loops), w.name
+        assert any(loops.SPECS[n].kind == "relaxed" for n in w.loops), w.name
+    named = runner.select(["echo-protocol-1k-c10"], full=False)
+    assert named[0].loops == WORKLOADS["echo-protocol-1k-c10"].loops
+
+
+def test_the_fairness_grid_uses_the_workloads_names() -> None:
+    w = workloads.fairness(4, 1, False)
+    assert w == dataclasses.replace(WORKLOADS["fairness-k4-c1-close"], default_loops=())
+    assert workloads.fairness(3, 7, True).name == "fairness-k3-c7-keepalive"
+
+
 def test_unknown_loop_and_workload_fail_clearly(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["run", "--loops", "tokio"])
-    assert "unknown loop 'tokio'" in capsys.readouterr().err
+    for command in ("run", "fairness", "instructions"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--loops", "tokio"])
+        assert "unknown loop 'tokio'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="unknown workload"):
         cli.main(["run", "--workloads", "echo-nothing"])
+    with pytest.raises(SystemExit):
+        cli.main(["fairness", "--mode", "sometimes"])
+    assert "allowed close, keepalive" in capsys.readouterr().err
     assert loops.missing("nope") is not None
+
+
+def test_fairness_command_runs_its_grid_through_the_runner(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run(chosen: list[Workload], names: list[str] | None, **options: Any) -> Any:
+        seen.update(options, workloads=[w.name for w in chosen], loops=names)
+        return {"fake": True}
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setattr(cli, "write_reports", lambda doc, path, charts: seen.update(
+        doc=doc, results=path, charts=charts))
+    assert cli.main(["fairness", "--workers", "2,4", "--concurrency", "1,10", "--mode",
+                     "close", "--results", str(tmp_path), "--no-charts"]) == 0
+    assert seen["workloads"] == ["fairness-k2-c1-close", "fairness-k2-c10-close",
+                                 "fairness-k4-c1-close", "fairness-k4-c10-close"]
+    assert seen["loops"] == list(loops.ACCEPT_LOOPS)
+    assert (seen["duration"], seen["warmup"], seen["repeat"]) == (3.0, 0.5, 3)
+    assert seen["syscalls"] is False and seen["baseline"] is None
+    assert seen["command"] == ["__main__.py", "fairness", "--workers", "2,4", "--concurrency",
+                               "1,10", "--mode", "close", "--results", str(tmp_path),
+                               "--no-charts"]
+    assert seen["doc"] == {"fake": True} and seen["charts"] is False
+
+
+def test_compare_reads_the_runs_in_results(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = sorted(p for p in (runner.ROOT / "results").glob("*.json")
+                  if "workloads" in json.loads(p.read_text()))
+    if len(runs) < 2:
+        pytest.skip("fewer than two runs in results/")
+    assert cli.main(["compare", str(runs[0]), str(runs[-1])]) == 0
+    assert "ratio = B / A" in capsys.readouterr().out
+    for path in runs:  # every table and the summary of each stored run render
+        doc = json.loads(path.read_text())
+        report.terminal(doc, out=lambda line: None)
+        assert "## Summary" in report.markdown(doc, [])
+
+
+def test_compare_refuses_what_is_not_a_run(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    listing = tmp_path / "fairness-paired.json"
+    listing.write_text(json.dumps([{"loop": "asyncio", "metrics": {"jain": 1.0}}]))
+    with pytest.raises(SystemExit):
+        cli.main(["compare", str(listing), str(listing)])
+    assert "is not the JSON of a run or fairness command" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["fairness", "instructions"])
+def test_the_old_entry_points_are_the_one_command_line(module: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"],
+                          cwd=runner.ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m benchmarks {module} ")
 
 
 def test_workloads_by_pattern() -> None:
@@ -142,7 +220,7 @@ def test_missing_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) ->
 
     def without_rloop(name: str) -> Any:
         if name == "rloop":
-            raise ImportError("No module named 'rloop'")
+            raise ModuleNotFoundError("No module named 'rloop'", name="rloop")
         return real(name)
 
     monkeypatch.setattr(loops.importlib, "import_module", without_rloop)
@@ -153,6 +231,134 @@ def test_missing_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) ->
     assert "unknown loop" in doc["skipped"]["no-such-loop"]
     assert doc["workloads"][0]["loops"] == {}
     assert any("rloop skipped" in line for line in notes)
+
+
+@pytest.mark.timeout(30)
+def test_a_server_that_answers_no_mark_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "MARK_TIMEOUT", 0.2)
+    with runner.processes() as started:
+        silent = runner.Process([sys.executable, "-c", "import time; time.sleep(30)"], None)
+        started.append(silent)
+        with pytest.raises(TimeoutError, match=r"answered no mark within 0\.2 s"):
+            runner._mark(silent)
+    assert silent.proc.returncode is not None  # killed on the way out
+
+
+# -- the loop table ------------------------------------------------------------------
+
+
+def test_every_loop_of_the_table_runs_or_says_why() -> None:
+    assert set(loops.SUITE_LOOPS) | set(loops.PEERS) <= set(loops.EVENT_LOOPS)
+    for name in loops.EVENT_LOOPS:
+        why = loops.missing(name)
+        if why:
+            assert loops.SPECS[name].kind in loops.PEER_KINDS, (name, why)
+            assert name in why, why  # names what is missing
+            with pytest.raises(LookupError, match=name):
+                loops.factory(name)
+            continue
+        make = loops.factory(name)
+        if loops.SPECS[name].kind in loops.PEER_KINDS:
+            # Not run here: rloop's close() leaves its self-pipe to the collector.
+            assert make is importlib.import_module(name).new_event_loop
+            continue
+        loop = make()
+        try:
+            assert loop.run_until_complete(asyncio.sleep(0, result=name)) == name
+            settings = loops.SPECS[name].settings
+            if settings:
+                config = loops.settings_dict(loop.config)  # type: ignore[attr-defined]
+                assert {k: config[k] for k in settings} == dict(settings), name
+        finally:
+            loop.close()
+
+
+def test_settings_override_a_preset_and_apply_to_our_loop_only() -> None:
+    loop = loops.factory("relaxed-eager", partial_write="feed", write=None)()
+    try:
+        config = loops.settings_dict(loop.config)  # type: ignore[attr-defined]
+        assert (config["write"], config["partial_write"]) == ("eager", "feed")
+    finally:
+        loop.close()
+    with pytest.raises(ValueError, match="settings of asyncio_relaxed"):
+        loops.factory("asyncio", write="deferred")
+    assert loops.factory("asyncio", write=None) is asyncio.SelectorEventLoop
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="zuvloop has builds for 3.14+")
+def test_a_peer_without_a_build_for_this_python_says_so() -> None:
+    why = loops.missing("zuvloop")
+    assert why is not None and "3.14" in why and "this is 3." in why
+
+
+# -- progress and the summary --------------------------------------------------------
+
+
+def test_progress_counts_runs_and_estimates_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([100.0, 100.0, 110.0, 130.0])
+    monkeypatch.setattr(runner.time, "monotonic", lambda: next(clock))
+    lines: list[str] = []
+    meter = runner.Progress(12, lines.append)
+    meter.step("a")
+    meter.step("b")
+    meter.step("c")
+    assert lines == ["[ 1/12 0:00] a", "[ 2/12 0:10, ~1:50 left] b",
+                     "[ 3/12 0:30, ~2:30 left] c"]
+
+
+def _entry(name: str, server: str, client: str, unit: str,
+           medians: dict[str, dict[str, float]]) -> dict[str, Any]:
+    return {"name": name, "about": name, "unit": unit,
+            "params": {"server": server, "client": client},
+            "loops": {n: {"median": m, "spread": {k: 0.1 for k in m}, "samples": [m],
+                          "client": "builtin"} for n, m in medians.items()},
+            "errors": {}}
+
+
+def test_summary_is_our_default_loop_over_each_peer() -> None:
+    defaults = {"write": "eager", "accept": "batch"}
+    doc = {
+        "defaults": defaults,
+        "loops": {
+            "asyncio": {"kind": "asyncio", "config": None, "version": "3"},
+            "uvloop": {"kind": "uvloop", "config": None, "version": "1"},
+            "relaxed-deferred": {"kind": "relaxed", "version": "0",
+                                 "config": {**defaults, "write": "deferred"}},
+            "relaxed-eager": {"kind": "relaxed", "config": defaults, "version": "0"},
+            "relaxed-eager@base": {"kind": "relaxed", "config": None, "version": "base",
+                                   "baseline": "/tmp/b"},
+            "relaxed-balanced": {"kind": "relaxed", "version": "0",
+                                 "config": {**defaults, "accept": "b"}},
+        },
+        "workloads": [
+            _entry("echo", "echo-protocol", "echo", "request", {
+                "asyncio": {"cpu_us_per_unit": 40.0},
+                "relaxed-deferred": {"cpu_us_per_unit": 12.0},
+                "relaxed-eager": {"cpu_us_per_unit": 10.0},
+                "relaxed-eager@base": {"cpu_us_per_unit": 20.0},
+                "uvloop": {"cpu_us_per_unit": 8.0}}),
+            _entry("pipe", "pipe", "pipe", "MiB", {
+                "asyncio": {"gbit_s": 10.0, "cpu_us_per_unit": 1.0},
+                "relaxed-eager": {"gbit_s": 15.0, "cpu_us_per_unit": 1.0}}),
+            # No loop with the default settings: the first of ours stands in.
+            _entry("fair", "fairness", "fairness", "request", {
+                "asyncio": {"jain": 0.5}, "relaxed-balanced": {"jain": 1.0}}),
+        ],
+    }
+    header, body = report.summary(doc)
+    assert header == ["workload", "our loop", "figure", "ours", "vs asyncio",
+                      "vs uvloop", "vs @base", "noise"]
+    assert body[0] == ["echo", "relaxed-eager", "CPU µs/req ↓", "10.0", f"0.25{X}",
+                       f"1.25{X}", f"0.50{X}", "±10%"]
+    assert body[1] == ["pipe", "relaxed-eager", "Gbit/s ↑", "15.00", f"1.50{X}", "", "",
+                       "±10%"]
+    assert body[2][:5] == ["fair", "relaxed-balanced", "Jain conns ↑", "1.000", f"2.00{X}"]
+    lines: list[str] = []
+    report.terminal({**doc, "started": "now", "skipped": {"rloop": "not here"},
+                     "machine": {"pinned": False, "python": "3", "cpus": 2, "cpu_model": ""},
+                     "method": {"repeat": 1, "duration": 1, "warmup": 0}}, out=lines.append)
+    assert lines[-2].startswith("Summary (ours / each peer")  # the last screen
+    assert lines[-1].splitlines()[-1].startswith("fair ")
 
 
 # -- the smoke run -------------------------------------------------------------------
@@ -211,9 +417,14 @@ def test_smoke_every_kind_of_workload(tmp_path: Path) -> None:
             if name == "relaxed" and entry["params"]["client"] not in ("idle", "fairness"):
                 assert med["callbacks_per_unit"] > 0, where  # from loop.statistics()
             _positive_finite(where, data)
-    # The reports render, and compare finds every pair in common.
+    # The reports render, the summary has our loop over stock in every
+    # workload, and compare finds every pair in common.
+    header, body = report.summary(doc)
+    assert [row[:2] for row in body] == [[e["name"], "relaxed"] for e in doc["workloads"]]
+    column = header.index("vs asyncio")
+    assert all(float(row[column].removesuffix(report.TIMES)) > 0 for row in body)
     report.terminal(doc, out=lambda line: None)
-    assert "| loop |" in report.markdown(doc, [])
+    assert "| loop |" in report.markdown(doc, []) and "## Summary" in report.markdown(doc, [])
     lines: list[str] = []
     assert report.compare(doc, doc, out=lines.append) == 0
     assert any("echo-protocol-1k-c10" in line for line in lines)
@@ -239,8 +450,6 @@ def test_floor_server_echoes_every_byte_through_short_sends() -> None:
     """8 MiB written before any is read: the floor's sends come up short and
     it must keep the rest (EPOLLOUT with input off), or the bytes differ."""
     import socket
-    import subprocess
-    import sys
     import threading
 
     with subprocess.Popen([sys.executable, "-m", "benchmarks.server", "--kind",
@@ -286,19 +495,21 @@ def test_instructions_parse_and_arithmetic() -> None:
         instructions.parse_collected("valgrind: command not found", ["valgrind", "x"])
     # 1,000 rounds x 10 pairs apart: 10,000 requests.
     assert instructions.per_request(1_000_000, 251_000_000, 200, 1200) == 25_000
-    rows = instructions.table(
+    header, rows = instructions.table(
         {"floor": {"1024": 11_000.0}, "asyncio": {"1024": 24_000.0},
          "relaxed-eager": {"1024": 17_500.0}}, [1024])
-    assert rows[0].startswith("| loop | 1 KiB: instr/req | above floor |")
-    assert rows[3] == "| asyncio | 24,000 | 13,000 | 1.00x |"
-    assert rows[4] == "| relaxed-eager | 17,500 | 6,500 | 0.50x |"
+    assert header == ["loop", "1 KiB: instr/req", "above floor", "vs asyncio (above floor)"]
+    assert rows[1] == ["asyncio", "24,000", "13,000", f"1.00{X}"]
+    assert rows[2] == ["relaxed-eager", "17,500", "6,500", f"0.50{X}"]
+    assert report.markdown_table(header, rows).splitlines()[3] == (
+        f"| asyncio | 24,000 | 13,000 | 1.00{X} |")
     # The http column has no floor: instructions and their ratio to stock.
-    rows = instructions.table(
+    header, rows = instructions.table(
         {"floor": {"1024": 11_000.0}, "asyncio": {"1024": 24_000.0, "http": 80_000.0},
          "relaxed-eager": {"1024": 17_500.0, "http": 60_000.0}}, [1024, "http"])
-    assert rows[0].endswith("| aiohttp hello: instr/req | vs asyncio |")
-    assert rows[2] == "| floor | 11,000 | — | — | — | — |"
-    assert rows[4] == "| relaxed-eager | 17,500 | 6,500 | 0.50x | 60,000 | 0.75x |"
+    assert header[-2:] == ["aiohttp hello: instr/req", "vs asyncio"]
+    assert rows[0] == ["floor", "11,000", "—", "—", "—", "—"]
+    assert rows[2] == ["relaxed-eager", "17,500", "6,500", f"0.50{X}", "60,000", f"0.75{X}"]
 
 
 def test_instructions_without_valgrind_says_so(
@@ -307,7 +518,7 @@ def test_instructions_without_valgrind_says_so(
     from benchmarks import instructions
 
     monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
-    assert instructions.main(["--loops", "asyncio"]) == 2
+    assert cli.main(["instructions", "--loops", "asyncio"]) == 2
     assert "valgrind is not installed" in capsys.readouterr().err
 
 
@@ -316,9 +527,6 @@ def test_instructions_without_valgrind_says_so(
 @pytest.mark.parametrize("size", [1024, 100 * 1024, "http"])
 def test_instructions_child_echoes_every_round(loop_name: str, size: int | str) -> None:
     """The run valgrind counts, without valgrind: every round comes back."""
-    import subprocess
-    import sys
-
     from benchmarks import instructions
 
     if size == "http":
@@ -327,7 +535,8 @@ def test_instructions_child_echoes_every_round(loop_name: str, size: int | str) 
         pytest.importorskip("aiohttp")
 
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.instructions", "--child", loop_name, str(size), "20"],
+        [sys.executable, "-m", "benchmarks", "instructions", "--child", loop_name, str(size),
+         "20"],
         cwd=instructions.ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -338,8 +547,6 @@ def test_a_baseline_child_imports_the_baseline_package(tmp_path: Path) -> None:
     child must import the checkout's asyncio_relaxed and this tree's
     benchmarks/, and a child that imported the wrong tree is refused."""
     import os
-    import subprocess
-    import sys
 
     base = tmp_path / "base"
     shutil.copytree(runner.ROOT / "asyncio_relaxed", base / "asyncio_relaxed",
@@ -347,21 +554,21 @@ def test_a_baseline_child_imports_the_baseline_package(tmp_path: Path) -> None:
     (base / "benchmarks").mkdir()
     (base / "benchmarks" / "__init__.py").write_text(
         "raise ImportError('the checkout's benchmarks/ shadowed the harness')\n")
-    twin = loops.register_baseline("relaxed-eager", base)
+    twin = checkout.register("relaxed-eager", base)
     try:
-        shim = loops.import_dir(twin)
+        assert loops.missing(twin) is None and loops.SPECS[twin].checkout == str(base)
+        shim = checkout.import_dir(twin)
         assert shim is not None
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.instructions", "--child", "relaxed-eager",
+            [sys.executable, "-m", "benchmarks", "instructions", "--child", "relaxed-eager",
              "1024", "3"],
             cwd=shim, env=runner._env(shim), capture_output=True, text=True, timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
         reported = json.loads(proc.stdout)["relaxed"]
         assert os.path.realpath(reported) == os.path.realpath(base / "asyncio_relaxed")
-        loops.check_package(twin, reported, runner.ROOT)  # the right tree: no error
+        checkout.check_package(twin, reported, runner.ROOT)  # the right tree: no error
         with pytest.raises(RuntimeError, match="another checkout"):
-            loops.check_package("relaxed-eager", reported, runner.ROOT)
+            checkout.check_package("relaxed-eager", reported, runner.ROOT)
     finally:
         loops.SPECS.pop(twin)
-        loops.BASELINES.pop(twin)

@@ -1,17 +1,22 @@
-"""benchmarks/fairness.py: one short run per loop, schema and sane numbers.
+"""benchmarks/fairness.py: one short run per loop, schema and sane numbers;
+and ``python -m benchmarks fairness`` through the shared runner and report.
 
 Forks two workers and a client process; a fraction of a second each, so the
-whole file stays under ten seconds.
+whole file stays under twenty seconds.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks import fairness
+from benchmarks import fairness, report, runner
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -48,3 +53,38 @@ def test_missing_loop_is_a_lookup_error() -> None:
     with pytest.raises(LookupError):
         fairness.run_once("no-such-loop", workers=2, concurrency=1, keepalive=False,
                           duration=0.1)
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(60)
+def test_the_fairness_command_reports_like_a_run(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "fairness", "--loops", "asyncio,relaxed-batch",
+         "--workers", "2", "--concurrency", "2", "--mode", "close,keepalive",
+         "--duration", "0.3", "--warmup", "0.1", "--repeat", "2", "--no-charts",
+         "--results", str(tmp_path)],
+        cwd=runner.ROOT, capture_output=True, text=True, timeout=50,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/8 " in proc.stderr and "[8/8 " in proc.stderr  # progress, run by run
+    (path,) = tmp_path.glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == runner.SCHEMA and doc["method"]["repeat"] == 2
+    assert doc["command"][1:3] == ["fairness", "--loops"]
+    assert [e["name"] for e in doc["workloads"]] == ["fairness-k2-c2-close",
+                                                     "fairness-k2-c2-keepalive"]
+    for entry in doc["workloads"]:
+        assert entry["errors"] == {}, entry["name"]
+        assert set(entry["loops"]) == {"asyncio", "relaxed-batch"}
+        for data in entry["loops"].values():
+            assert len(data["samples"]) == 2
+            assert set(data["median"]) >= set(fairness.METRICS) - {"max_min"}
+            assert 0.5 <= data["median"]["jain"] <= 1.0
+        header, rows = report.rows(entry)
+        assert header[-1] == "conn/s vs batch"
+        assert rows[1][-1] == f"1.00{report.TIMES}"  # relaxed-batch over itself
+    # The same tables and summary as a run: relaxed-batch is our default.
+    assert "conn/s vs batch" in proc.stdout
+    summary = proc.stdout[proc.stdout.index("Summary ("):]
+    assert "fairness-k2-c2-close" in summary and "relaxed-batch" in summary
+    assert (tmp_path / path.with_suffix(".md").name).read_text().count("## fairness-") == 2

@@ -6,7 +6,7 @@ http.client, asks which loop served them, then stops the tool with a signal
 and checks that it exited cleanly.  The process group is killed in a finally
 block whatever happens, and every wait has a deadline.  The pytest-asyncio and
 anyio pytest-plugin tests run a small pytest session in a subprocess, with the
-conftest that docs-integrations.md shows.
+conftest that the README shows (Switching loops).
 
 A peer that is not installed skips its tests with the reason.
 """

@@ -1,0 +1,200 @@
+"""The suite's one command line: ``python -m benchmarks run|compare|fairness|instructions``.
+
+``run`` and ``fairness`` go through the same runner (benchmarks.runner) and
+the same report (benchmarks.report): ``fairness`` is a grid of the
+``fairness-*`` workloads with its own defaults (the accept loops, 3 s runs).
+``instructions`` counts instructions per request under callgrind
+(benchmarks.instructions); ``compare`` reads two runs' JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import instructions, loops, report, runner, workloads
+
+#: The --mode tokens of ``fairness``: a new connection per request, or keep-alive.
+MODES = ("close", "keepalive")
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [n for n in text.split(",") if n] if text else None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                         "integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each value must be >= 1")
+    return values
+
+
+def _sizes(text: str) -> list[int | str]:
+    try:
+        return [part if part == instructions.HTTP else int(part)
+                for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes in bytes, or "
+                                         f"{instructions.HTTP}") from None
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m for m in text.split(",") if m]
+    wrong = [m for m in modes if m not in MODES]
+    if wrong or not modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed {', '.join(MODES)}")
+    return modes
+
+
+def _loops_option(p: argparse.ArgumentParser, default: Sequence[str] | None) -> None:
+    p.add_argument("--loops", default=",".join(default) if default else None,
+                   help="comma-separated (" + (",".join(default) if default else
+                                                "default: each workload's own")
+                   + f"); known: {', '.join(loops.SPECS)}")
+
+
+def _repeat_options(p: argparse.ArgumentParser, duration: float) -> None:
+    p.add_argument("--duration", type=float, default=duration,
+                   help=f"measured seconds per run ({duration:g})")
+    p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per run (0.5)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per loop, interleaved (3)")
+
+
+def _output_options(p: argparse.ArgumentParser, charts: bool = True) -> None:
+    p.add_argument("--results", type=Path, default=Path("results"),
+                   help="where the JSON, the Markdown" + (" and the charts" if charts else "")
+                   + " go (results/)")
+    if charts:
+        p.add_argument("--no-charts", action="store_true", help="no PNG charts")
+
+
+def _baseline_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help=f"also {what} each relaxed preset from the asyncio_relaxed in DIR "
+                   "(e.g. a git worktree of main) as NAME@base, in the same run")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run the same workloads on stock asyncio, the peer loops "
+        f"({', '.join(loops.PEERS[1:])}) and asyncio_relaxed side by side "
+        "(see README, 'Benchmarks').")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run the default set of workloads (or --full, or --workloads)",
+                       description="Run workloads on their loops: by default the default set "
+                       "(benchmarks/workloads.py), our default settings against every peer; "
+                       "progress on stderr, then a table per workload and a summary of our "
+                       "default loop against each peer.")
+    r.add_argument("--full", action="store_true",
+                   help="every workload on all its loops, not the default set")
+    r.add_argument("--workloads", help="comma-separated names or shell patterns (echo-*), each "
+                   f"on all its loops; known: {', '.join(workloads.WORKLOADS)}")
+    _loops_option(r, None)
+    _repeat_options(r, 1.0)
+    r.add_argument("--no-syscalls", action="store_true",
+                   help="skip the strace -c counts of every loop")
+    _output_options(r)
+    _baseline_option(r, "run")
+
+    c = sub.add_parser("compare", help="what changed from run A to run B (their JSON)",
+                       description="B relative to A per workload, loop and figure, with the "
+                       "noise band of each (the larger spread of the two runs' repeats).")
+    c.add_argument("a", type=Path, metavar="A.json")
+    c.add_argument("b", type=Path, metavar="B.json")
+
+    f = sub.add_parser("fairness", help="accept fairness: K pre-forked workers x C clients x "
+                       "mode", description="K pre-forked workers on one listen socket "
+                       "(benchmarks/fairness.py): each combination of --workers, "
+                       "--concurrency and --mode is a fairness-* workload, run and reported "
+                       "as by run.")
+    _loops_option(f, loops.ACCEPT_LOOPS)
+    f.add_argument("--workers", type=_ints, default=[4], help="comma-separated, e.g. 2,4 (4)")
+    f.add_argument("--concurrency", type=_ints, default=[1, 10, 100],
+                   help="clients, comma-separated (1,10,100)")
+    f.add_argument("--mode", type=_modes, default=list(MODES),
+                   help=f"comma-separated: {', '.join(MODES)} ({','.join(MODES)})")
+    _repeat_options(f, 3.0)
+    _output_options(f)
+
+    i = sub.add_parser("instructions", help="instructions per request, counted by callgrind",
+                       description=(instructions.__doc__ or "").split("\n\n")[0])
+    _loops_option(i, instructions.DEFAULT_LOOPS)
+    i.add_argument("--sizes", type=_sizes, default=list(instructions.DEFAULT_SIZES),
+                   help="message sizes in bytes, and/or http for the aiohttp "
+                   "workload (1024,102400)")
+    _baseline_option(i, "count")
+    i.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
+    _output_options(i, charts=False)
+    i.add_argument("--child", nargs=3, metavar=("LOOP", "SIZE", "ROUNDS"),
+                   help=argparse.SUPPRESS)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    args = p.parse_args(args_list)
+    if args.command == "compare":
+        report.compare(*(_run_document(p, path) for path in (args.a, args.b)))
+        return 0
+    if args.command == "instructions" and args.child:
+        instructions.child_main(*args.child)
+        return 0
+    names = _names(args.loops)
+    for name in names or ():
+        if name not in loops.SPECS:
+            p.error(f"--loops: unknown loop {name!r}; known: {', '.join(loops.SPECS)}")
+    command = ["__main__.py", *args_list]
+    if args.command == "instructions":
+        return instructions.run(names or [], args.sizes, baseline=args.baseline,
+                                jobs=args.jobs, results=args.results, command=command)
+    if args.repeat < 1 or args.duration <= 0 or args.warmup < 0:
+        p.error("--repeat must be >= 1, --duration > 0 and --warmup >= 0")
+    if args.command == "fairness":
+        chosen = [workloads.fairness(w, c, mode == "keepalive")
+                  for w in args.workers for mode in args.mode for c in args.concurrency]
+        syscalls, baseline = False, None
+    else:
+        chosen = runner.select(_names(args.workloads), args.full)
+        syscalls, baseline = not args.no_syscalls, args.baseline
+    doc = runner.run(chosen, names, duration=args.duration, warmup=args.warmup,
+                     repeat=args.repeat, syscalls=syscalls, baseline=baseline,
+                     command=command,
+                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    write_reports(doc, args.results, charts=not args.no_charts)
+    return 0
+
+
+def _run_document(p: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """The JSON of a run or fairness command at *path*; anything else stops with why."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        p.error(f"{path}: {exc}")
+    if not isinstance(doc, dict) or "workloads" not in doc:
+        p.error(f"{path} is not the JSON of a run or fairness command (it has no "
+                "\"workloads\"): compare reads those only")
+    return doc
+
+
+def write_reports(doc: dict[str, Any], directory: Path, *, charts: bool) -> None:
+    """Save a run's JSON, Markdown and charts, and print its tables and summary."""
+    path = runner.save(doc, directory)
+    made = report.charts(doc, path.with_suffix("")) if charts else []
+    if charts and not made:
+        print("note: matplotlib is not installed; no charts (pip install matplotlib)",
+              file=sys.stderr)
+    md = path.with_suffix(".md")
+    md.write_text(report.markdown(doc, made))
+    report.terminal(doc)
+    print(f"\nresults: {path}  report: {md}" + "".join(f"  chart: {p}" for p in made))
