@@ -257,13 +257,33 @@ def test_unknown_attribute_error() -> None:
 
 
 def test_python_m_prints_settings_and_their_source() -> None:
-    env = {**os.environ, "ASYNCIO_RELAXED_WRITE": "deferred"}
+    """Every setting, set or not, with its keyword, its variable, its value
+    and its source, in columns that line up whatever the names' lengths."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCIO_RELAXED_")}
+    env.update(ASYNCIO_RELAXED_WRITE="deferred", ASYNCIO_RELAXED_EXCLUSIVE_ACCEPT="yes",
+               ASYNCIO_RELAXED_WRTIE="eager")
     out = subprocess.run(
         [sys.executable, "-m", "asyncio_relaxed"], capture_output=True, text=True, env=env
     )
     assert out.returncode == 0, out.stderr
     assert f"asyncio_relaxed {asyncio_relaxed.__version__}" in out.stdout
-    assert "from ASYNCIO_RELAXED_WRITE" in out.stdout
+    lines = out.stdout.splitlines()
+    header = next(line for line in lines if "environment variable" in line)
+    starts = [header.index(title) for title in ("environment variable", "value", "set by")]
+    names = [name for name, *_ in asyncio_relaxed.Config().describe()]
+    rows = {line.split()[0]: line for line in lines if line.split()[:1] and
+            line.split()[0] in names}
+    assert list(rows) == names, out.stdout
+    set_here = {"write": "deferred", "exclusive_accept": "on"}
+    defaults = asyncio_relaxed.Config()
+    for name, line in rows.items():
+        default = getattr(defaults, name)
+        shown = set_here.get(name, ("on" if default else "off") if isinstance(default, bool)
+                             else str(default))
+        assert line[starts[0]:].startswith("ASYNCIO_RELAXED_" + name.upper() + " "), line
+        assert line[starts[1] - 1] == " " and line[starts[1]:].split()[0] == shown, line
+        assert line[starts[2]:] == ("environment" if name in set_here else "default"), line
+    assert "ASYNCIO_RELAXED_WRTIE is not a setting" in out.stdout
     assert "IOV_MAX" in out.stdout
 
 
