@@ -17,21 +17,27 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from . import _compat
+from ._accept import ListenerStatistics
 from ._config import AcceptStrategy, Config, PartialWrite, Poller, WriteMode, resolve
+from ._health import HealthSnapshot
 from ._loop import Loop
+from ._slow import SlowCallback
 from ._stats import COUNTERS, LoopStatistics
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "COUNTERS",
     "AcceptStrategy",
     "Config",
     "EventLoopPolicy",
+    "HealthSnapshot",
+    "ListenerStatistics",
     "Loop",
     "LoopStatistics",
     "PartialWrite",
     "Poller",
+    "SlowCallback",
     "WriteMode",
     "install",
     "new_event_loop",

@@ -90,6 +90,7 @@ This module knows nothing of asyncio; the loop binds it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import errno
 import socket
@@ -108,6 +109,7 @@ __all__ = [
     "BalancedGate",
     "Listener",
     "ListenerState",
+    "ListenerStatistics",
     "Outcome",
     "accept_queue_length",
     "listener_class",
@@ -198,6 +200,26 @@ _ABORTED = Outcome.ABORTED
 _POLLED = ListenerState.POLLED
 
 
+@dataclasses.dataclass(frozen=True)
+class ListenerStatistics:
+    """One listener's counts (``loop.listener_statistics()``).
+
+    ``queue_length`` is the accept queue's length (connections waiting, on
+    Linux TCP) when the listener last read it, ``queue_length_max`` the
+    longest it saw; both None where it never read one (single and relaxed
+    do not).  ``rest_seconds`` adds up the rests as scheduled.
+    """
+
+    address: Any
+    strategy: str
+    state: str
+    accepted: int
+    queue_length: int | None
+    queue_length_max: int | None
+    rests: int
+    rest_seconds: float
+
+
 class Listener:
     """One listening socket being served (see the theory of operation).
 
@@ -207,11 +229,16 @@ class Listener:
     """
 
     __slots__ = (
+        "accepted",
         "backlog",
         "context",
         "failing",
         "host",
         "protocol_factory",
+        "queue_length",
+        "queue_length_max",
+        "rest_seconds",
+        "rests",
         "server",
         "sock",
         "sslcontext",
@@ -244,6 +271,14 @@ class Listener:
         self.state = _POLLED
         self.failing = False  # in an accept-resource-error episode (reported once)
         self.timer: Any = None  # ends a rest or a back-off
+        # What statistics() shows: connections accepted, the accept queue's
+        # length as last read and at its longest (None: never read), and
+        # accept=balanced's rests and their scheduled seconds.
+        self.accepted = 0
+        self.queue_length: int | None = None
+        self.queue_length_max: int | None = None
+        self.rests = 0
+        self.rest_seconds = 0.0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} fd={self.sock.fileno()} {self.state.value}>"
@@ -261,6 +296,9 @@ class Listener:
         return int(self.host.accept_batch or self.backlog)
 
     # -- one readiness event ----------------------------------------------
+
+    #: The AcceptStrategy a subclass implements.
+    strategy: AcceptStrategy
 
     def ready(self) -> None:
         """The listening socket is readable: accept by the strategy."""
@@ -285,6 +323,7 @@ class Listener:
             self.back_off(exc)
             return Outcome.STARVED
         self.failing = False
+        self.accepted += 1
         self.host.accepted(self, conn, addr)
         return _CONNECTION
 
@@ -298,8 +337,17 @@ class Listener:
         budget = self.batch - 1
         taken = 0
         if budget > 0:  # a batch of one needs no queue length
-            taken = self.burst(budget, accept_queue_length(self.sock))
+            taken = self.burst(budget, self.read_queue_length())
         return (first is _CONNECTION or taken > 0) and self.state is _POLLED
+
+    def read_queue_length(self) -> int | None:
+        """The accept queue's length now (None where unknown), recorded."""
+        queued = accept_queue_length(self.sock)
+        if queued is not None:
+            self.queue_length = queued
+            if self.queue_length_max is None or queued > self.queue_length_max:
+                self.queue_length_max = queued
+        return queued
 
     def burst(self, budget: int, queued: int | None) -> int:
         """Up to *budget* accepts, no more than *queued* where known (so none
@@ -330,6 +378,18 @@ class Listener:
         self.state = _POLLED
         self.timer = None
 
+    def statistics(self) -> ListenerStatistics:
+        try:
+            address = self.sock.getsockname()
+        except (OSError, AttributeError):
+            address = None
+        return ListenerStatistics(
+            address=address, strategy=type(self).strategy.value, state=self.state.value,
+            accepted=self.accepted, queue_length=self.queue_length,
+            queue_length_max=self.queue_length_max, rests=self.rests,
+            rest_seconds=self.rest_seconds,
+        )
+
     def stop(self) -> None:
         """The server stopped serving this socket: no timer outlives it."""
         self.state = ListenerState.STOPPED
@@ -342,6 +402,7 @@ class BatchListener(Listener):
     """accept=batch: up to accept_batch per event (stock, bpo-27906), none
     into an empty queue where its length is known."""
 
+    strategy = AcceptStrategy.BATCH
     __slots__ = ()
 
     def ready(self) -> None:
@@ -352,6 +413,7 @@ class SingleListener(Listener):
     """accept=single: one accept per event (libuv >= 1.45, uvloop); the
     poller reports the listener again while more are queued."""
 
+    strategy = AcceptStrategy.SINGLE
     __slots__ = ()
 
     def ready(self) -> None:
@@ -362,6 +424,7 @@ class RelaxedListener(Listener):
     """accept=relaxed: one accept, then give up the time slice so a sibling
     process sharing the listener wins the next connection."""
 
+    strategy = AcceptStrategy.RELAXED
     __slots__ = ()
 
     def ready(self) -> None:
@@ -376,6 +439,7 @@ class BalancedListener(Listener):
     so the race rotates: at once, or after a rest when this worker holds more
     than one connection (see the theory of operation)."""
 
+    strategy = AcceptStrategy.BALANCED
     __slots__ = ("gate",)
 
     def __init__(self, *args: Any) -> None:
@@ -394,7 +458,10 @@ class BalancedListener(Listener):
             return
         self.host.unpoll(self)
         self.state = ListenerState.RESTING
-        self.timer = self.host.rest(self, self.gate.rest(held))
+        seconds = self.gate.rest(held)
+        self.rests += 1
+        self.rest_seconds += seconds
+        self.timer = self.host.rest(self, seconds)
 
     def rested(self) -> None:
         """The rest is over: take what waited for it, poll the listener again
@@ -407,7 +474,7 @@ class BalancedListener(Listener):
             self.state = ListenerState.STOPPED
             return
         self.state = _POLLED
-        queued = accept_queue_length(sock)
+        queued = self.read_queue_length()
         taken = self.burst(self.batch, queued)
         if self.state is not _POLLED:
             return  # a resource error: backing off now

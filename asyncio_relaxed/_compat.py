@@ -54,6 +54,7 @@ __all__ = [
     "call_soon",
     "end_time",
     "events",
+    "format_call_graph",
     "format_callback_source",
     "format_handle",
     "loop_logger",
@@ -264,6 +265,21 @@ def server_active_count(server: Any) -> int:
         return int(count)
     clients = getattr(server, "_clients", None)
     return len(clients) if clients is not None else 1
+
+
+# -- introspection --------------------------------------------------------------
+
+
+def format_call_graph(task: Any) -> str | None:
+    """asyncio.format_call_graph(task) on 3.14+ (None before, or if it fails:
+    it needs a real asyncio.Task)."""
+    formatter: Any = getattr(asyncio, "format_call_graph", None)
+    if formatter is None:
+        return None
+    try:
+        return str(formatter(task))
+    except Exception:
+        return None
 
 
 # -- running --------------------------------------------------------------------

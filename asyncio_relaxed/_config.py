@@ -185,6 +185,24 @@ class Config:
             "best selector; forcing poll or select tests the fallbacks on Linux."
         ),
     )
+    time_metrics: bool = _field(
+        False,
+        unit="flag",
+        why=(
+            "time blocked in the poll vs busy, and loop lag, in loop.health(): two "
+            "clock reads per iteration, none per callback (docs/settings.md "
+            "gives the instruction cost)."
+        ),
+    )
+    slow_callback: float = _field(
+        0.0,
+        unit="seconds",
+        why=(
+            "report a callback that runs longer than this, with its task, through "
+            "logging or loop.set_slow_callback_handler(), at most once a second; "
+            "0 turns it off. Stock asyncio does it only in debug mode."
+        ),
+    )
     read_size: int = _field(
         256 * 1024,
         unit="bytes",
@@ -241,6 +259,36 @@ _INT_BOUNDS: dict[str, tuple[int, int]] = {
     "feed_limit": (1, 1_000),
     "read_size": (1024, 16 * 1024 * 1024),
 }
+
+
+# Lower and upper bounds for the seconds settings, inclusive.
+_FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "slow_callback": (0.0, 3600.0),
+}
+
+
+def _parse_seconds(name: str) -> Callable[[str, Any], float]:
+    low, high = _FLOAT_BOUNDS[name]
+
+    def parse(where: str, value: Any) -> float:
+        number: float | None
+        if isinstance(value, bool):
+            number = None
+        elif isinstance(value, (int, float)):
+            number = float(value)
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                number = None
+        if number is None or not low <= number <= high:  # NaN fails too
+            raise ValueError(
+                f"{where}={value!r} is not a valid setting; allowed: a number of seconds "
+                f"from {low:g} to {high:g} (0 turns it off)"
+            )
+        return number
+
+    return parse
 
 
 def _parse_enum(kind: type[enum.Enum]) -> Callable[[str, Any], Any]:
@@ -311,6 +359,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "keepalive_interval": _parse_int("keepalive_interval"),
     "keepalive_count": _parse_int("keepalive_count"),
     "poller": _parse_enum(Poller),
+    "time_metrics": _parse_bool,
+    "slow_callback": _parse_seconds("slow_callback"),
     "read_size": _parse_int("read_size"),
 }
 assert set(_PARSERS) == {f.name for f in dataclasses.fields(Config)}

@@ -23,10 +23,13 @@ from __future__ import annotations
 import heapq
 import selectors
 import socket
+import time
 from typing import Any
 
-from . import _compat
+from . import _compat, _slow
+from ._accept import ListenerStatistics
 from ._config import Config, resolve
+from ._health import Health, HealthSnapshot
 from ._poller import DeferredSelector, default_backend
 from ._serving import Serving
 from ._stats import Counters, LoopStatistics
@@ -45,6 +48,10 @@ _NO_TIMERS: tuple[Any, ...] = ()
 # The poller's own select(): the loop polls through DeferredSelector.ready()
 # only while this is what the selector's select is (see _run_once).
 _POLLER_SELECT = DeferredSelector.select
+_monotonic = time.monotonic
+#: time_metrics: a loop that never waits still ends a stretch every 32nd
+#: iteration (see _health).
+_STRETCH_MASK = 31
 
 
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
@@ -67,33 +74,56 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     def __init__(self, selector: selectors.BaseSelector | None = None, **options: Any) -> None:
         # Resolve the settings first: a bad value fails before any fd exists.
         config = resolve(options)
-        self._config: Config = config
-        self._stats = Counters()
+        stats = Counters()
         if selector is None:
-            poller = DeferredSelector(default_backend(config.poller.value), stats=self._stats)
+            poller = DeferredSelector(default_backend(config.poller.value), stats=stats)
         elif isinstance(selector, DeferredSelector):
             poller = selector
-            poller.stats = self._stats
+            poller.stats = stats
         else:
-            poller = DeferredSelector(selector, stats=self._stats)
+            poller = DeferredSelector(selector, stats=stats)
         poller.on_error = self._poller_error
-        self._backend_name = poller.backend_name  # statistics() works after close()
-        # Everything the transports need of this loop beyond stock's API,
-        # the write queue among it.
-        self._shared = TransportShared(config, self._stats, poller)
-        self._shared.on_error = self._flush_failed
-        # The listening sockets being served and their connections' start.
-        self._serving = Serving(self, config, self._stats, self._shared)
+        # Few attributes of our own: CPython shares the keys of instance dicts
+        # up to 30 names, stock's loop has up to 27 (3.14), and a loop past
+        # 30 reads every attribute slower (tests/test_loop.py checks it).
+        # Everything the transports need of this loop beyond stock's API (the
+        # settings, the counters, the write queue), and the listeners.
+        self._shared = shared = TransportShared(config, stats, poller)
+        shared.on_error = self._flush_failed
+        shared.serving = Serving(self, config, stats, shared)
+        # Time and lag accounts (with time_metrics), slow-callback reports.
+        self._health = Health(config.time_metrics, config.slow_callback)
         super().__init__(poller)
 
     @property
     def config(self) -> Config:
         """The settings this loop was created with."""
-        return self._config
+        return self._shared.config
 
     def statistics(self) -> LoopStatistics:
         """A frozen snapshot of this loop's counters."""
-        return self._stats.snapshot(self._backend_name)
+        return self._shared.stats.snapshot(self._shared.poller.backend_name)  # after close() too
+
+    def health(self) -> HealthSnapshot:
+        """A frozen snapshot of where this loop's time went and how late its
+        work ran (busy, idle and lag need ``time_metrics``), and its slow
+        callbacks."""
+        return self._health.snapshot(self._shared.stats.iterations)
+
+    def listener_statistics(self) -> list[ListenerStatistics]:
+        """The counts of each listening socket this loop serves."""
+        return [listener.statistics() for listener in self._shared.serving.listeners.values()]
+
+    def set_slow_callback_handler(self, handler: Any) -> None:
+        """Call ``handler(loop, report)`` for each slow callback report (a
+        :class:`~asyncio_relaxed.SlowCallback`) instead of logging it; None
+        restores the logging.  Needs the ``slow_callback`` setting."""
+        if handler is not None and not callable(handler):
+            raise TypeError(f"A callable object or None is expected, got {handler!r}")
+        self._health.handler = handler
+
+    def get_slow_callback_handler(self) -> Any:
+        return self._health.handler
 
     # Stock's call_soon without its frames (see _compat.call_soon).
     call_soon = _compat.call_soon
@@ -122,7 +152,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if not self.is_running() and not self.is_closed():
             if self._shared:
                 self._shared.flush(include_feeds=True)
-            self._serving.close()
+            self._shared.serving.close()
         super().close()
 
     # -- transports ---------------------------------------------------------
@@ -179,7 +209,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         context: Any = None,
     ) -> None:
         """Serve *sock*; ``context`` is 3.15's (the server's, gh-140947)."""
-        self._serving.start(protocol_factory, sock, sslcontext, server, backlog,
+        self._shared.serving.start(protocol_factory, sock, sslcontext, server, backlog,
                             (ssl_handshake_timeout, ssl_shutdown_timeout), context)
 
     def _accept_connection(
@@ -195,11 +225,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     ) -> None:
         """One readiness event of a listener, by the accept strategy (the
         loop's own reader is its Listener's ready(); this is for callers)."""
-        self._serving.accept_now(protocol_factory, sock, sslcontext, server, backlog,
+        self._shared.serving.accept_now(protocol_factory, sock, sslcontext, server, backlog,
                                  (ssl_handshake_timeout, ssl_shutdown_timeout), context)
 
     def _stop_serving(self, sock: socket.socket) -> None:
-        self._serving.stop(sock)
+        self._shared.serving.stop(sock)
         super()._stop_serving(sock)
 
     # -- the iteration ------------------------------------------------------
@@ -350,7 +380,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
     def _run_once(self) -> None:
         """Run one full iteration of the event loop (see the module docstring)."""
-        stats = self._stats
+        writes = self._shared
+        stats = writes.stats
         stats.iterations += 1
         scheduled = self._scheduled
         sched_count = len(scheduled)
@@ -377,7 +408,6 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 handle._scheduled = False
 
         # Phase: writes made while the loop was not running.
-        writes = self._shared
         if writes.pending:
             writes.flush(include_feeds=False)
 
@@ -402,7 +432,14 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             own_select = selector.select.__func__ is _POLLER_SELECT
         except AttributeError:  # replaced by a function or a callable object
             own_select = False
-        if own_select:
+        health = self._health
+        if health.timed:
+            # time_metrics: first without waiting; the clock only when that
+            # finds nothing and the loop may wait, or every 32nd iteration.
+            event_list = selector.ready(0) if own_select else self._poll_wrapped(0)
+            if (not event_list and timeout != 0) or not stats.iterations & _STRETCH_MASK:
+                event_list = self._poll_timed(own_select, timeout, event_list)
+        elif own_select:
             event_list = selector.ready(timeout)
         else:
             event_list = self._poll_wrapped(timeout)
@@ -415,7 +452,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # (before any callback can add or cancel one, as in stock), the I/O
         # callbacks run straight from the poll's results, then the timers;
         # what the callbacks scheduled waits for the next iteration.
-        direct = not ready and not self._debug
+        direct = not ready and not self._debug and not health.slow
         if not direct:
             self._schedule_events(event_list)
 
@@ -423,8 +460,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # timers: stock reads it every iteration, for nothing then).
         due: Any = _NO_TIMERS  # read only in the direct case
         if scheduled:
-            end_time = _compat.end_time(self.time(), self._clock_resolution)
+            loop_now = self.time()
+            end_time = _compat.end_time(loop_now, self._clock_resolution)
             due = [] if direct else ready
+            lag = health.lag if health.timed else None
             while scheduled:
                 handle = scheduled[0]
                 if handle._when >= end_time:
@@ -432,6 +471,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 handle = heapq.heappop(scheduled)
                 handle._scheduled = False
                 due.append(handle)
+                if lag is not None:
+                    lag.record(loop_now - handle._when)  # how late it runs
 
         ran = added = 0
         if direct:
@@ -450,6 +491,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # those run next time, after another poll.  The popleft idiom is
         # thread-safe without locks (call_soon_threadsafe appends).
         ntodo = len(ready) - added
+        if self._debug or health.slow:
+            ran += self._run_ready_timed(ntodo)
+            ntodo = 0
         # Handle._run inlined, as in _dispatch_events, for handles of stock's
         # classes while their _run is stock's.
         inline = (_Handle._run is _STOCK_HANDLE_RUN
@@ -459,20 +503,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if handle._cancelled:
                 continue
             ran += 1
-            if self._debug:
-                try:
-                    self._current_handle = handle
-                    t0 = self.time()
-                    handle._run()
-                    dt = self.time() - t0
-                    if dt >= self.slow_callback_duration:
-                        # Looked up per call: tests patch _compat.loop_logger().
-                        _compat.loop_logger().warning(
-                            "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
-                        )
-                finally:
-                    self._current_handle = None
-            elif inline and (type(handle) is _Handle or type(handle) is _TimerHandle):
+            if inline and (type(handle) is _Handle or type(handle) is _TimerHandle):
                 try:
                     handle._context.run(handle._callback, *handle._args)
                 except (SystemExit, KeyboardInterrupt):
@@ -487,3 +518,66 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # Phase: everything the callbacks wrote, and last iteration's feeds.
         if writes.pending or writes.feeding:
             writes.flush(include_feeds=True)
+        if self._stopping and health.timed:
+            # run_forever returns after this iteration: close the account,
+            # the time until the loop runs again is neither busy nor idle.
+            if health.last is not None:
+                stopped = _monotonic()
+                health.busy += stopped - health.last
+                health.lag.record(stopped - health.last)
+                health.last = None
+
+    def _poll_timed(self, own_select: bool, timeout: float | None,
+                    event_list: list[tuple[int, Any, int]]) -> Any:
+        """time_metrics (see _health), after a poll that did not wait found
+        *event_list*: end the stretch under way (busy, a lag sample), and if
+        nothing was found and the loop may wait, wait with the clock read
+        around it (idle)."""
+        health = self._health
+        now = _monotonic()
+        last = health.last
+        if last is not None:
+            health.busy += now - last
+            health.lag.record(now - last)
+        if not event_list and timeout != 0:
+            waited = now
+            if own_select:
+                event_list = self._selector.ready(timeout)
+            else:
+                event_list = self._poll_wrapped(timeout)
+            now = _monotonic()
+            health.idle += now - waited
+        health.last = now
+        return event_list
+
+    def _run_ready_timed(self, ntodo: int) -> int:
+        """The ready callbacks of an iteration in debug mode or with
+        slow_callback set: each timed, as stock's debug mode times them."""
+        ready = self._ready
+        debug = self._debug
+        slow = self._health.slow
+        ran = 0
+        for _ in range(ntodo):
+            handle = ready.popleft()
+            if handle._cancelled:
+                continue
+            ran += 1
+            try:
+                self._current_handle = handle
+                t0 = self.time() if debug else 0.0
+                start = _monotonic() if slow else 0.0
+                handle._run()
+                if slow:
+                    end = _monotonic()
+                    if end - start >= slow:
+                        _slow.report(self, handle, end - start, end)
+                if debug:
+                    dt = self.time() - t0
+                    if dt >= self.slow_callback_duration:
+                        # Looked up per call: tests patch _compat.loop_logger().
+                        _compat.loop_logger().warning(
+                            "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
+                        )
+            finally:
+                self._current_handle = None
+        return ran

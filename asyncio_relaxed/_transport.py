@@ -142,13 +142,16 @@ def read_buffer(size: int) -> mmap.mmap | bytearray:
 
 
 class TransportShared(WriteQueue):
-    """What a loop hands its transports: its counters, the write queue and
-    the write settings (:class:`WriteQueue`), the poller's ownership calls,
-    the one receive buffer of its plain-Protocol transports, and the
-    keepalive options for TCP connections.  The transport reads nothing else
-    of the loop that stock's transport would not."""
+    """What a loop hands its transports: its settings and counters, the write
+    queue and the write settings (:class:`WriteQueue`), the poller's
+    ownership calls, the one receive buffer of its plain-Protocol
+    transports, and the keepalive options for TCP connections.  The
+    transport reads nothing else of the loop that stock's transport would
+    not.  (The loop keeps its listeners here too: one attribute of its own
+    less.)"""
 
-    __slots__ = ("poller", "read_buffer", "read_size", "read_view", "tcp_sockopts")
+    __slots__ = ("config", "poller", "read_buffer", "read_size", "read_view", "serving",
+                 "tcp_sockopts")
 
     def __init__(self, config: Config, stats: Counters, poller: Any) -> None:
         super().__init__(
@@ -159,7 +162,9 @@ class TransportShared(WriteQueue):
             feed_limit=config.feed_limit,
             contexts=_compat.PY315,
         )
+        self.config = config
         self.poller = poller
+        self.serving: Any = None  # the loop's listeners (_serving.Serving), not for transports
         self.read_size = config.read_size
         self.read_buffer = read_buffer(config.read_size)
         self.read_view = memoryview(self.read_buffer)

@@ -5,6 +5,7 @@ Serve on one loop (Ctrl-C or SIGTERM stops it gracefully)::
     python examples/http_server.py --loop relaxed --write deferred --port 8080
     curl -i localhost:8080/          # the X-Event-Loop header names the loop class
     curl localhost:8080/stats        # our loop's settings and statistics()
+    curl localhost:8080/metrics      # Prometheus text (pip install prometheus-client)
 
 Serve under gunicorn, each worker making its own loop after the fork
 (settings through gunicorn's raw_env, ``-e``)::
@@ -15,9 +16,12 @@ Serve under gunicorn, each worker making its own loop after the fork
 
 Routes: ``GET /`` says hello; ``GET /4k`` returns 4 KiB; ``POST /echo``
 returns its JSON body; ``GET /stats`` returns the loop's name, the process id
-and, on asyncio_relaxed's loop, its settings and ``statistics()``.  Every
-response carries ``X-Event-Loop``.  With ``--port 0`` the system picks a free
-port; the first line printed is ``{"listening": PORT, "loop": NAME}``.
+and, on asyncio_relaxed's loop, its settings and ``statistics()``; ``GET
+/metrics`` the loop's counters and health in Prometheus' text format
+(``asyncio_relaxed.metrics``; each sample labelled with the worker's pid
+under gunicorn).  Every response carries ``X-Event-Loop``.  With ``--port 0``
+the system picks a free port; the first line printed is ``{"listening":
+PORT, "loop": NAME}``.
 """
 
 from __future__ import annotations
@@ -82,6 +86,23 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(loop_report(asyncio.get_running_loop()))
 
 
+async def metrics(request: web.Request) -> web.Response:
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio_relaxed.Loop):
+        raise web.HTTPNotImplemented(text="/metrics needs asyncio_relaxed's loop\n")
+    try:
+        import prometheus_client
+    except ImportError:
+        raise web.HTTPNotImplemented(text="/metrics needs prometheus-client: "
+                                          "pip install 'asyncio-relaxed[prometheus]'\n") from None
+    from asyncio_relaxed.metrics import PrometheusCollector
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(PrometheusCollector(loop))
+    return web.Response(body=prometheus_client.generate_latest(registry),
+                        headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
 async def name_the_loop(request: web.Request, response: web.StreamResponse) -> None:
     # on_response_prepare runs for every response, errors included, so a
     # client can tell which loop served any request.
@@ -95,6 +116,7 @@ async def create_app() -> web.Application:
     app.router.add_get("/4k", four_kib)
     app.router.add_post("/echo", echo)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/metrics", metrics)
     app.on_response_prepare.append(name_the_loop)
     return app
 

@@ -39,6 +39,8 @@ DEFAULTS = {
     "keepalive_interval": 0,
     "keepalive_count": 0,
     "poller": Poller.AUTO,
+    "time_metrics": False,
+    "slow_callback": 0.0,
     "read_size": 256 * 1024,
 }
 
@@ -54,6 +56,8 @@ ENV_NAMES = {
     "keepalive_interval": "ASYNCIO_RELAXED_KEEPALIVE_INTERVAL",
     "keepalive_count": "ASYNCIO_RELAXED_KEEPALIVE_COUNT",
     "poller": "ASYNCIO_RELAXED_POLLER",
+    "time_metrics": "ASYNCIO_RELAXED_TIME_METRICS",
+    "slow_callback": "ASYNCIO_RELAXED_SLOW_CALLBACK",
     "read_size": "ASYNCIO_RELAXED_READ_SIZE",
 }
 
@@ -70,6 +74,8 @@ NON_DEFAULT = {
     "keepalive_interval": ("5", 5),
     "keepalive_count": ("3", 3),
     "poller": ("select", Poller.SELECT),
+    "time_metrics": ("1", True),
+    "slow_callback": ("0.25", 0.25),
     "read_size": ("2048", 2048),
 }
 
@@ -85,6 +91,8 @@ ALLOWED = {
     "keepalive_interval": "an integer from 0 to 32767",
     "keepalive_count": "an integer from 0 to 127",
     "poller": "auto|epoll|poll|select",
+    "time_metrics": "1|true|yes|on|0|false|no|off",
+    "slow_callback": "a number of seconds from 0 to 3600 (0 turns it off)",
     "read_size": "an integer from 1024 to 16777216",
 }
 
@@ -117,6 +125,12 @@ BAD_VALUES = [
     ("read_size", 16 * 1024 * 1024 + 1),
     ("read_size", "64k"),
     ("read_size", "0x10000"),
+    ("time_metrics", "sometimes"),
+    ("slow_callback", "-0.1"),
+    ("slow_callback", "3601"),
+    ("slow_callback", "nan"),
+    ("slow_callback", "100ms"),
+    ("slow_callback", True),
 ]
 
 
@@ -375,6 +389,8 @@ def test_describe_has_a_row_per_field() -> None:
         "keepalive_interval": "seconds",
         "keepalive_count": "probes",
         "poller": "backend",
+        "time_metrics": "flag",
+        "slow_callback": "seconds",
         "read_size": "bytes",
     }
     for name, var, value, unit, why in rows:

@@ -6,7 +6,7 @@ http.client, asks which loop served them, then stops the tool with a signal
 and checks that it exited cleanly.  The process group is killed in a finally
 block whatever happens, and every wait has a deadline.  The pytest-asyncio and
 anyio pytest-plugin tests run a small pytest session in a subprocess, with the
-conftest that the README shows (Switching loops).
+conftest that picks the hook or the fixture by pytest-asyncio's version.
 
 A peer that is not installed skips its tests with the reason.
 """
@@ -242,6 +242,12 @@ def test_gunicorn_aiohttp_worker_serves_on_relaxed_loop(listener: socket.socket)
             assert report["pid"] != server.proc.pid, "served by the arbiter, not a worker"
             assert report["config"]["write"] == "deferred"
             assert report["statistics"]["accept"] >= 1  # connections came through our loop
+        if importlib.util.find_spec("prometheus_client") is not None:
+            # Each worker exports its own loop, labelled with its pid: a
+            # child of the arbiter.
+            for _ in range(4):
+                pid = sample_pid(metrics_of(request(port, "/metrics")))
+                assert parent_of(pid) == server.proc.pid, (pid, server.describe())
         assert server.stop(signal.SIGTERM) == 0, server.describe()
 
 
@@ -346,6 +352,23 @@ def test_uvicorn_cli_loop_option() -> None:
         assert "Application shutdown complete" in server.output, server.describe()
 
 
+def metrics_of(response: Any) -> dict[str, Any]:
+    """The families of a /metrics response, read by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert response.status == 200, response.body
+    return {f.name: f for f in text_string_to_metric_families(response.body.decode())}
+
+
+def sample_pid(families: dict[str, Any]) -> int:
+    return int(families["asyncio_relaxed_iterations"].samples[0].labels["pid"])
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("PPid:")).split()[1])
+
+
 # -- aiohttp web.run_app (the example) -----------------------------------------
 
 
@@ -373,8 +396,14 @@ def test_http_server_example(loop: str) -> None:
             assert report["config"]["write"] == "deferred"
             assert report["config"]["partial_write"] == "feed"
             assert report["statistics"]["writes_deferred"] >= 1
+            if importlib.util.find_spec("prometheus_client") is not None:
+                scraped = metrics_of(request(port, "/metrics"))
+                accepted = scraped["asyncio_relaxed_accepted_connections"].samples
+                assert next(s.value for s in accepted if s.name.endswith("_total")) >= 5
+                assert sample_pid(scraped) == server.proc.pid
         else:
             assert report["loop"] != RELAXED and "statistics" not in report
+            assert request(port, "/metrics").status == 501
         assert server.stop(signal.SIGINT) == 0, server.describe()
         stopped = json.loads(server.wait_for(r"^\{.*\"stopped\"").string)
         assert stopped["stopped"] == started["loop"]

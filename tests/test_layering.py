@@ -26,13 +26,18 @@ ALLOWED = {
     "_compat": set(),
     "_transport": {"_compat", "_config", "_stats", "_writes"},
     "_serving": {"_accept", "_compat", "_config", "_stats", "_transport"},
-    "_loop": {"_compat", "_config", "_poller", "_serving", "_stats", "_transport"},
+    "_health": set(),
+    "_slow": {"_compat"},
+    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_serving", "_slow",
+              "_stats", "_transport"},
     "_policy": {"_compat", "_config", "_loop"},
-    "__init__": {"_config", "_loop", "_stats", "_policy", "_compat"},
+    "__init__": {"_accept", "_compat", "_config", "_health", "_loop", "_policy", "_slow",
+                 "_stats"},
+    "metrics": {"_health", "_stats"},
     "__main__": {"__init__", "_config"},
     "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
-BOTTOM = {"_config", "_stats", "_poller", "_writes", "_accept"}
+BOTTOM = {"_config", "_stats", "_poller", "_writes", "_accept", "_health"}
 
 
 def imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
