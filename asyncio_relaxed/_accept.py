@@ -329,8 +329,8 @@ class Listener:
 
     def take_queued(self) -> bool:
         """One accept, then as many as the queue holds, up to :attr:`batch`
-        in all: whether the first gave a connection and no resource error
-        stopped the rest (then the listener is still polled)."""
+        in all: whether any gave a connection and no resource error stopped
+        them (then the listener is still polled)."""
         first = self.accept_one()
         if first is not _CONNECTION and first is not _ABORTED:
             return False

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -91,6 +92,9 @@ class LagHistogram:
             self.largest = seconds
 
 
+_monotonic = time.monotonic
+
+
 class Health:
     """The mutable time account of one loop (see the theory of operation),
     its two settings, and the slow-callback reports' limit and handler."""
@@ -108,6 +112,35 @@ class Health:
         self.last: float | None = None  # when the last timed poll returned, while running
         self.lag = LagHistogram()
         self.slow_callbacks = 0  # callbacks over the slow_callback threshold
+
+    def timed_poll(self, poll: Callable[[float | None], Any], timeout: float | None,
+                   found: Any) -> Any:
+        """time_metrics, after a poll that did not wait *found* what it
+        returns here: end the stretch under way (busy, a lag sample), and if
+        nothing was found and the loop may wait, ``poll(timeout)`` with the
+        clock read around it (idle)."""
+        now = _monotonic()
+        last = self.last
+        if last is not None:
+            self.busy += now - last
+            self.lag.record(now - last)
+        if not found and timeout != 0:
+            waited = now
+            found = poll(timeout)
+            now = _monotonic()
+            self.idle += now - waited
+        self.last = now
+        return found
+
+    def stopped(self) -> None:
+        """The loop stops running: the stretch under way ends; the time until
+        it runs again is neither busy nor idle."""
+        last = self.last
+        if last is not None:
+            now = _monotonic()
+            self.busy += now - last
+            self.lag.record(now - last)
+            self.last = None
 
     def snapshot(self, iterations: int) -> HealthSnapshot:
         lag = self.lag

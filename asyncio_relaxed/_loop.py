@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 import selectors
 import socket
-import time
 from typing import Any
 
 from . import _compat, _slow
@@ -48,7 +47,6 @@ _NO_TIMERS: tuple[Any, ...] = ()
 # The poller's own select(): the loop polls through DeferredSelector.ready()
 # only while this is what the selector's select is (see _run_once).
 _POLLER_SELECT = DeferredSelector.select
-_monotonic = time.monotonic
 #: time_metrics: a loop that never waits still ends a stretch every 32nd
 #: iteration (see _health).
 _STRETCH_MASK = 31
@@ -438,7 +436,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             # finds nothing and the loop may wait, or every 32nd iteration.
             event_list = selector.ready(0) if own_select else self._poll_wrapped(0)
             if (not event_list and timeout != 0) or not stats.iterations & _STRETCH_MASK:
-                event_list = self._poll_timed(own_select, timeout, event_list)
+                poll = selector.ready if own_select else self._poll_wrapped
+                event_list = health.timed_poll(poll, timeout, event_list)
         elif own_select:
             event_list = selector.ready(timeout)
         else:
@@ -492,7 +491,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # thread-safe without locks (call_soon_threadsafe appends).
         ntodo = len(ready) - added
         if self._debug or health.slow:
-            ran += self._run_ready_timed(ntodo)
+            ran += _slow.run_ready_timed(self, ntodo)
             ntodo = 0
         # Handle._run inlined, as in _dispatch_events, for handles of stock's
         # classes while their _run is stock's.
@@ -519,65 +518,4 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if writes.pending or writes.feeding:
             writes.flush(include_feeds=True)
         if self._stopping and health.timed:
-            # run_forever returns after this iteration: close the account,
-            # the time until the loop runs again is neither busy nor idle.
-            if health.last is not None:
-                stopped = _monotonic()
-                health.busy += stopped - health.last
-                health.lag.record(stopped - health.last)
-                health.last = None
-
-    def _poll_timed(self, own_select: bool, timeout: float | None,
-                    event_list: list[tuple[int, Any, int]]) -> Any:
-        """time_metrics (see _health), after a poll that did not wait found
-        *event_list*: end the stretch under way (busy, a lag sample), and if
-        nothing was found and the loop may wait, wait with the clock read
-        around it (idle)."""
-        health = self._health
-        now = _monotonic()
-        last = health.last
-        if last is not None:
-            health.busy += now - last
-            health.lag.record(now - last)
-        if not event_list and timeout != 0:
-            waited = now
-            if own_select:
-                event_list = self._selector.ready(timeout)
-            else:
-                event_list = self._poll_wrapped(timeout)
-            now = _monotonic()
-            health.idle += now - waited
-        health.last = now
-        return event_list
-
-    def _run_ready_timed(self, ntodo: int) -> int:
-        """The ready callbacks of an iteration in debug mode or with
-        slow_callback set: each timed, as stock's debug mode times them."""
-        ready = self._ready
-        debug = self._debug
-        slow = self._health.slow
-        ran = 0
-        for _ in range(ntodo):
-            handle = ready.popleft()
-            if handle._cancelled:
-                continue
-            ran += 1
-            try:
-                self._current_handle = handle
-                t0 = self.time() if debug else 0.0
-                start = _monotonic() if slow else 0.0
-                handle._run()
-                if slow:
-                    end = _monotonic()
-                    if end - start >= slow:
-                        _slow.report(self, handle, end - start, end)
-                if debug:
-                    dt = self.time() - t0
-                    if dt >= self.slow_callback_duration:
-                        # Looked up per call: tests patch _compat.loop_logger().
-                        _compat.loop_logger().warning(
-                            "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
-                        )
-            finally:
-                self._current_handle = None
-        return ran
+            health.stopped()  # run_forever returns after this iteration
