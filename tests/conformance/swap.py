@@ -21,6 +21,7 @@ import faulthandler
 import json
 import os
 import platform
+import signal
 import sys
 import threading
 import time
@@ -151,6 +152,11 @@ def watch(result: CountingResult, summary: dict[str, object], limit: float) -> N
 
 
 def main() -> int:
+    # A process started in the background of a non-interactive shell begins
+    # with SIGINT ignored, and then asyncio.Runner installs no handler and
+    # _thread.interrupt_main() does nothing: test_runners' tests would hang
+    # on stock and ours alike.  Python's own default, whatever started us.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser()
     ap.add_argument("module", help="e.g. test_events (package test.test_asyncio is implied)")
     ap.add_argument("--mode", choices=("stock", "relaxed"), default="stock")
