@@ -1,0 +1,122 @@
+"""The write queue (asyncio_relaxed._writes) without sockets or a loop: fake
+transports record what the queue makes them do."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import pytest
+
+from asyncio_relaxed import _writes
+from asyncio_relaxed._stats import Counters
+
+IDLE, QUEUED, POLLING = _writes.IDLE, _writes.QUEUED, _writes.POLLING
+
+
+class Fake:
+    """A transport as the queue sees it."""
+
+    _context: Any = None
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+        self._write_state = IDLE
+        self._feeds = 0
+
+
+def queue_of(log: list[str], **settings: Any) -> _writes.WriteQueue:
+    def send(transport: Fake) -> None:
+        log.append(f"send {transport.name} {transport._write_state}")
+
+    options = {"deferred": True, "feed": True, "feed_limit": 2, **settings}
+    return _writes.WriteQueue(Counters(), send, **options)
+
+
+def test_flush_sends_each_queued_transport_once_in_order_and_idle() -> None:
+    log: list[str] = []
+    queue = queue_of(log)
+    a, b = Fake("a", log), Fake("b", log)
+    queue.queue(a)
+    queue.queue(b)
+    assert (a._write_state, b._write_state) == (QUEUED, QUEUED)
+    assert queue.stats.writes_deferred == 2 and (queue.pending or queue.feeding)
+    queue.flush(include_feeds=True)
+    assert log == [f"send a {IDLE}", f"send b {IDLE}"]  # set IDLE before its send
+    assert not queue.pending and not queue.feeding
+
+
+def test_flush_skips_a_transport_that_left_the_queued_state() -> None:
+    """A transport sent meanwhile (past the high-water mark) or now polling
+    is skipped; queued twice, it is sent once."""
+    log: list[str] = []
+    queue = queue_of(log)
+    a, b = Fake("a", log), Fake("b", log)
+    queue.queue(a)
+    queue.queue(b)
+    queue.pending.append(a)  # queued again after an early send
+    b._write_state = POLLING
+    queue.flush(include_feeds=False)
+    assert log == [f"send a {IDLE}"]
+
+
+def test_feed_retries_wait_for_the_flush_that_includes_them() -> None:
+    log: list[str] = []
+    queue = queue_of(log)
+    a = Fake("a", log)
+    assert queue.feed_retry(a) and a._write_state == QUEUED and a._feeds == 1
+    queue.flush(include_feeds=False)  # the flush before the poll: not yet
+    assert log == []
+    queue.flush(include_feeds=True)
+    assert log == [f"send a {IDLE}"] and queue.stats.write_feeds == 1
+
+
+def test_feed_retries_are_capped_then_the_transport_polls() -> None:
+    log: list[str] = []
+    queue = queue_of(log, feed_limit=2)
+    a = Fake("a", log)
+    assert queue.feed_retry(a) and queue.feed_retry(a)
+    assert not queue.feed_retry(a)  # the third in a row: poll instead
+    assert a._feeds == 0
+    assert not queue_of(log, feed=False).feed_retry(Fake("b", log))
+
+
+def test_a_send_that_raises_is_reported_and_the_flush_goes_on() -> None:
+    log: list[str] = []
+    reported: list[tuple[str, BaseException]] = []
+
+    def send(transport: Fake) -> None:
+        if transport.name == "a":
+            raise ZeroDivisionError("from connection_lost")
+        log.append(transport.name)
+
+    queue = _writes.WriteQueue(Counters(), send, deferred=True, feed=False, feed_limit=1)
+    queue.on_error = lambda transport, exc: reported.append((transport.name, exc))
+    for name in ("a", "b"):
+        queue.queue(Fake(name, log))
+    queue.flush(include_feeds=True)
+    assert log == ["b"] and reported[0][0] == "a"
+    queue.on_error = None
+    queue.queue(Fake("a", log))
+    with pytest.raises(ZeroDivisionError):
+        queue.flush(include_feeds=True)
+
+
+def test_sends_run_in_the_transports_context_where_contexts_are_on() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outside")
+    seen: list[str] = []
+
+    def send(transport: Fake) -> None:
+        seen.append(var.get())
+
+    context = contextvars.copy_context()
+    context.run(var.set, "the connection's")
+    for contexts in (True, False):
+        queue = _writes.WriteQueue(Counters(), send, deferred=True, feed=False,
+                                   feed_limit=1, contexts=contexts)
+        transport = Fake("a", [])
+        transport._context = context
+        queue.queue(transport)
+        queue.flush(include_feeds=True)
+    assert seen == ["the connection's", "outside"]
