@@ -10,9 +10,11 @@ instructions), ``loops`` (the one name -> loop-factory table, shared with
 the tests and the examples), ``checkout`` (loops run from another checkout,
 ``--baseline``), ``workloads`` (every workload and the default set),
 ``maths`` (spread, percentiles, Jain's index), ``server`` (the server
-process of every workload), ``client`` (the built-in load generators),
-``fairness`` (K pre-forked workers on one listen socket), ``instructions``
-(instructions per request under callgrind), ``runner`` (the run), ``report``
-(every table, Markdown, charts, compare).  Only asyncio_relaxed's public
-namespace is used.
+process of every workload), ``asgi`` (its uvicorn kind: uvicorn + httptools
+on the loop uvicorn's ``--loop`` makes), ``client`` (the built-in load
+generators), ``openloop`` (the constant-rate load generator: latency from
+each request's due time), ``fairness`` (K pre-forked workers on one listen
+socket), ``instructions`` (instructions per request under callgrind),
+``runner`` (the run), ``report`` (every table, Markdown, charts, compare).
+Only asyncio_relaxed's public namespace is used.
 """

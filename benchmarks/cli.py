@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import instructions, loops, report, runner, workloads
+from benchmarks import fairness, instructions, loops, report, runner, workloads
 
-#: The --mode tokens of ``fairness``: a new connection per request, or keep-alive.
-MODES = ("close", "keepalive")
+#: The --mode tokens of ``fairness`` (connection lifetimes) and the ones it
+#: runs when none is given: a new connection per request, and keep-alive.
+MODES: tuple[str, ...] = fairness.MODES
+DEFAULT_MODES = ("close", "keepalive")
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -46,12 +48,16 @@ def _sizes(text: str) -> list[int | str]:
                                          f"{instructions.HTTP}") from None
 
 
-def _modes(text: str) -> list[str]:
-    modes = [m for m in text.split(",") if m]
-    wrong = [m for m in modes if m not in MODES]
-    if wrong or not modes:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed {', '.join(MODES)}")
-    return modes
+def _tokens(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of *allowed* tokens."""
+
+    def parse(text: str) -> list[str]:
+        tokens = [t for t in text.split(",") if t]
+        if not tokens or any(t not in allowed for t in tokens):
+            raise argparse.ArgumentTypeError(f"{text!r}: allowed {', '.join(allowed)}")
+        return tokens
+
+    return parse
 
 
 def _loops_option(p: argparse.ArgumentParser, default: Sequence[str] | None) -> None:
@@ -121,8 +127,12 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--workers", type=_ints, default=[4], help="comma-separated, e.g. 2,4 (4)")
     f.add_argument("--concurrency", type=_ints, default=[1, 10, 100],
                    help="clients, comma-separated (1,10,100)")
-    f.add_argument("--mode", type=_modes, default=list(MODES),
-                   help=f"comma-separated: {', '.join(MODES)} ({','.join(MODES)})")
+    f.add_argument("--mode", type=_tokens(MODES), default=list(DEFAULT_MODES),
+                   help=f"connection lifetimes, comma-separated: {', '.join(MODES)} "
+                   f"({','.join(DEFAULT_MODES)})")
+    f.add_argument("--placement", type=_tokens(fairness.PLACEMENTS), default=["pinned"],
+                   help="comma-separated: pinned (workers on one CPU, the client on "
+                   "another), unpinned (free on every CPU, as deployed) (pinned)")
     _repeat_options(f, 3.0)
     _output_options(f)
 
@@ -161,8 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeat < 1 or args.duration <= 0 or args.warmup < 0:
         p.error("--repeat must be >= 1, --duration > 0 and --warmup >= 0")
     if args.command == "fairness":
-        chosen = [workloads.fairness(w, c, mode == "keepalive")
-                  for w in args.workers for mode in args.mode for c in args.concurrency]
+        chosen = [workloads.fairness(w, c, mode, placement)
+                  for placement in args.placement for w in args.workers
+                  for mode in args.mode for c in args.concurrency]
+        if "mixed" in args.mode and min(args.concurrency) < 2:
+            p.error("--mode mixed needs --concurrency 2 or more: a long client and a short one")
         syscalls, baseline = False, None
     else:
         chosen = runner.select(_names(args.workloads), args.full)

@@ -4,27 +4,36 @@ The parent makes one listening socket (SO_REUSEADDR, backlog 1024) and forks
 K workers; each worker makes its loop after the fork (an epoll instance made
 before a fork is one kernel object shared by every process) and serves
 ``loop.create_server(Reply, sock=sock)``.  A request is one line; the reply is
-one line, after about 50 µs of hashing (``WORK_BYTES``), so a worker that takes
-more connections also spends more CPU.  The load comes from a separate client
-process (uvloop if installed, else stock asyncio: the same client for every
-loop under test) running C concurrent clients, either
+one line naming the worker, after about 50 µs of hashing (``WORK_BYTES``), so
+a worker that takes more connections also spends more CPU.  The load comes
+from a separate client process (uvloop if installed, else stock asyncio: the
+same client for every loop under test) running C concurrent clients, with
+connection lifetimes (``MODES``) of
 
-* close-per-request: connect, one request, close; or
-* keep-alive: many requests per connection, reconnecting every
+* ``close``: connect, one request, close;
+* ``keepalive``: many requests per connection, reconnecting every
   ``KEEPALIVE_REQUESTS`` requests, so the spread of connections still means
-  something.
+  something;
+* ``mixed``: ``MIXED_LONG_SHARE`` of the clients keep one connection for the
+  whole run, the others make a new connection per request: a worker that
+  holds long connections is busier, and a load-aware accept (accept=balanced)
+  should give it fewer of the new ones.
 
-Workers are pinned to CPU 0 and the client to CPU 1 where the machine has two
-CPUs (``pinned`` in the result says whether it happened).  The client marks
-the start and the end of the measured window (after ``warmup``) on its
+Placement (``PLACEMENTS``): ``pinned``, every worker on CPU 0 and the client
+on CPU 1 where the machine has two CPUs (``pinned`` in the result says
+whether it happened), so the workers compete for one CPU and the accept race
+is the scheduler's choice among them; or ``unpinned``, nothing pinned, the
+workers free to run on every CPU as a deployed server's are.  The client
+marks the start and the end of the measured window (after ``warmup``) on its
 stdout; the parent relays them to the workers as SIGUSR1 / SIGUSR2, and each
 worker reports what it served inside the window (connections, requests, CPU
 time) on SIGTERM.  Results: Jain's index over per-worker connections (1.0 is
 an even spread, 1/K is one worker taking everything) and over requests,
 max/min over connections (inf when a worker got none), connections/s and
 requests/s and p50/p99 latency seen by the client (a close-per-request
-latency includes the connect, so an accept delay shows there), and server
-CPU µs per request.
+latency includes the connect, so an accept delay shows there), server CPU
+µs per request, and per worker: connections, requests, CPU seconds and the
+p99 latency of the requests it answered (the reply names the worker).
 
 The runner measures it as the ``fairness-*`` workloads (benchmarks.workloads);
 ``python -m benchmarks fairness`` runs a grid of them::
@@ -32,6 +41,8 @@ The runner measures it as the ``fairness-*`` workloads (benchmarks.workloads);
     python -m benchmarks fairness --loops asyncio,uvloop,relaxed-batch,\\
 relaxed-single,relaxed-relaxed,relaxed-balanced --workers 4 \\
         --concurrency 1,10,100 --mode close,keepalive --duration 3 --repeat 3
+    python -m benchmarks fairness --workers 2,4 --concurrency 10 \\
+        --mode close,keepalive,mixed --placement unpinned
 
 Light load is concurrency 1, moderate 10, saturating 100 and more.  Only the
 public API of asyncio_relaxed is used (through ``benchmarks.loops``).
@@ -66,6 +77,12 @@ _WORK = bytes(WORK_BYTES)
 #: Requests per keep-alive connection before the client reconnects: enough
 #: to make keep-alive cheap, few enough that connections keep arriving.
 KEEPALIVE_REQUESTS = 20
+#: Connection lifetimes of the client (see above) and where the processes run.
+MODES = ("close", "keepalive", "mixed")
+PLACEMENTS = ("pinned", "unpinned")
+#: mixed: the share of the clients that keep one connection for the whole
+#: run (at least one, and at least one short client).
+MIXED_LONG_SHARE = 0.5
 #: Seconds on top of warmup + duration before everything is killed.
 HARD_TIMEOUT_SLACK = 30.0
 #: Seconds the workers get to start serving / to report.
@@ -82,10 +99,13 @@ METRICS = ("jain", "jain_requests", "max_min", "conns_per_s", "req_per_s",
 class _Counts:
     connections = 0
     requests = 0
+    #: This worker's index as its replies end it: b" 3\n".
+    tail = b"\n"
 
 
 class Reply(asyncio.Protocol):
-    """One line in, ~50 µs of hashing, one line out (per request line)."""
+    """One line in, ~50 µs of hashing, one line out naming the worker (per
+    request line)."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -96,7 +116,7 @@ class Reply(asyncio.Protocol):
         _Counts.requests += lines
         for _ in range(lines):
             digest = hashlib.sha256(_WORK).hexdigest()[:8].encode()
-            self.transport.write(b"ok " + digest + b"\n")
+            self.transport.write(b"ok " + digest + _Counts.tail)
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -111,6 +131,7 @@ def _worker(index: int, loop_name: str, sock: socket.socket, report: int, pin: b
     """The child: serve on the shared socket; window marks by signal; report."""
     if pin:
         os.sched_setaffinity(0, {0})
+    _Counts.tail = f" {index}\n".encode()
     loop = loops.factory(loop_name)()
     asyncio.set_event_loop(loop)
     marks: list[tuple[int, int, float]] = []
@@ -144,7 +165,7 @@ def _worker(index: int, loop_name: str, sock: socket.socket, report: int, pin: b
 
 class _ClientProtocol(asyncio.Protocol):
     def __init__(self) -> None:
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[bytes] | None = None
         self.buffer = b""
 
     def connection_made(self, transport: Any) -> None:
@@ -153,18 +174,31 @@ class _ClientProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         if b"\n" in self.buffer and self.waiter is not None and not self.waiter.done():
-            self.buffer = self.buffer[self.buffer.index(b"\n") + 1:]
-            self.waiter.set_result(None)
+            line, _, self.buffer = self.buffer.partition(b"\n")
+            self.waiter.set_result(line)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc or ConnectionError("closed by the server"))
 
 
+def _lifetimes(mode: str, concurrency: int) -> list[int | None]:
+    """Requests per connection of each of the *concurrency* clients (None:
+    one connection for the whole run)."""
+    if mode == "close":
+        return [1] * concurrency
+    if mode == "keepalive":
+        return [KEEPALIVE_REQUESTS] * concurrency
+    if concurrency < 2:
+        raise ValueError("mode mixed needs at least 2 clients: a long one and a short one")
+    long = min(concurrency - 1, max(1, round(concurrency * MIXED_LONG_SHARE)))
+    return [None] * long + [1] * (concurrency - long)
+
+
 def _client_main(argv: list[str]) -> None:
-    """The load generator: ``python -c ... port concurrency keepalive warmup duration pin``."""
+    """The load generator: ``python -c ... port concurrency mode warmup duration pin``."""
     port, concurrency = int(argv[0]), int(argv[1])
-    keepalive, warmup, duration = argv[2] == "1", float(argv[3]), float(argv[4])
+    mode, warmup, duration = argv[2], float(argv[3]), float(argv[4])
     if argv[5] == "1":
         os.sched_setaffinity(0, {1})
     try:
@@ -175,12 +209,12 @@ def _client_main(argv: list[str]) -> None:
     except ImportError:
         new_loop = asyncio.new_event_loop
         client = f"asyncio (Python {sys.version.split()[0]})"
-    per_connection = KEEPALIVE_REQUESTS if keepalive else 1
     state = {"measuring": False, "stop": False}
     latencies: list[float] = []
+    by_worker: dict[int, list[float]] = {}
     counts = {"requests": 0, "connections": 0, "errors": 0}
 
-    async def one_client() -> None:
+    async def one_client(per_connection: int | None) -> None:
         loop = asyncio.get_running_loop()
         while not state["stop"]:
             start = time.perf_counter()
@@ -194,14 +228,18 @@ def _client_main(argv: list[str]) -> None:
             if state["measuring"]:
                 counts["connections"] += 1
             try:
-                for _ in range(per_connection):
+                served = 0
+                while per_connection is None or served < per_connection:
                     proto.waiter = loop.create_future()
                     transport.write(REQUEST)
-                    await proto.waiter
+                    line = await proto.waiter
                     end = time.perf_counter()
+                    served += 1
                     if state["measuring"]:
                         counts["requests"] += 1
                         latencies.append((end - start) * 1e6)
+                        by_worker.setdefault(int(line.rsplit(b" ", 1)[1]), []).append(
+                            latencies[-1])
                     if state["stop"]:
                         break
                     start = end
@@ -211,7 +249,7 @@ def _client_main(argv: list[str]) -> None:
                 transport.close()
 
     async def main() -> dict[str, Any]:
-        tasks = [asyncio.ensure_future(one_client()) for _ in range(concurrency)]
+        tasks = [asyncio.ensure_future(one_client(n)) for n in _lifetimes(mode, concurrency)]
         await asyncio.sleep(warmup)
         print("start", flush=True)
         state["measuring"] = True
@@ -225,7 +263,10 @@ def _client_main(argv: list[str]) -> None:
         for task in tasks:
             task.cancel()
         p50, p99 = maths.percentiles(latencies, 50, 99) if latencies else (math.nan, math.nan)
-        return {"client": client, "elapsed": elapsed, **counts, "p50_us": p50, "p99_us": p99}
+        worker_p99 = {str(w): maths.percentiles(values, 99)[0]
+                      for w, values in by_worker.items()}
+        return {"client": client, "elapsed": elapsed, **counts, "p50_us": p50, "p99_us": p99,
+                "p99_us_by_worker": worker_p99}
 
     loop = new_loop()
     try:
@@ -302,24 +343,32 @@ def _cleanup(pids: list[int], procs: list[subprocess.Popen[bytes]]) -> Iterator[
                 os.waitpid(pid, 0)
 
 
-def run_once(loop: str, *, workers: int, concurrency: int, keepalive: bool,
-             duration: float, warmup: float = 0.5) -> dict[str, object]:
-    """One measurement of *loop* (a name from ``benchmarks.loops.SPECS``).
+def run_once(loop: str, *, workers: int, concurrency: int, mode: str,
+             duration: float, warmup: float = 0.5,
+             placement: str = "pinned") -> dict[str, object]:
+    """One measurement of *loop* (a name from ``benchmarks.loops.SPECS``),
+    *mode* one of ``MODES``, *placement* one of ``PLACEMENTS``.
 
     Returns ``{"metrics": {...}, "per_worker": {"connections": [...],
-    "requests": [...]}, "client": str, "pinned": bool}``; every metric is a
-    positive finite float when the run worked, except ``max_min``, which is
-    ``inf`` when a worker served no connection in the window.  Raises
-    LookupError for a loop that is missing here, RuntimeError when the run
-    failed, TimeoutError past ``warmup + duration + HARD_TIMEOUT_SLACK``.
+    "requests": [...], "cpu_s": [...], "p99_us": [...]}, "client": str,
+    "pinned": bool, "placement": str}``; every metric is a positive finite
+    float when the run worked, except ``max_min``, which is ``inf`` when a
+    worker served no connection in the window; a worker's ``p99_us`` is
+    None when it answered no request in the window.  Raises LookupError for
+    a loop that is missing here, RuntimeError when the run failed,
+    TimeoutError past ``warmup + duration + HARD_TIMEOUT_SLACK``.
     """
     why = loops.missing(loop)
     if why:
         raise LookupError(why)
     if workers < 1 or concurrency < 1 or duration <= 0 or warmup < 0:
         raise ValueError("workers and concurrency must be >= 1, duration > 0, warmup >= 0")
+    if mode not in MODES or placement not in PLACEMENTS:
+        raise ValueError(f"mode {mode!r}, placement {placement!r}: modes "
+                         f"{', '.join(MODES)}; placements {', '.join(PLACEMENTS)}")
+    _lifetimes(mode, concurrency)  # mixed with one client fails here, not in the client
     deadline = time.monotonic() + warmup + duration + HARD_TIMEOUT_SLACK
-    pin = _can_pin()
+    pin = placement == "pinned" and _can_pin()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # listening socket only
     sock.bind(("127.0.0.1", 0))
@@ -356,8 +405,8 @@ def run_once(loop: str, *, workers: int, concurrency: int, keepalive: bool,
             code = ("import sys; from benchmarks.fairness import _client_main; "
                     "_client_main(sys.argv[1:])")
             client = subprocess.Popen(
-                [sys.executable, "-c", code, str(port), str(concurrency),
-                 "1" if keepalive else "0", str(warmup), str(duration), "1" if pin else "0"],
+                [sys.executable, "-c", code, str(port), str(concurrency), mode,
+                 str(warmup), str(duration), "1" if pin else "0"],
                 stdout=subprocess.PIPE, cwd=root, env=env,
             )
             procs.append(client)
@@ -398,11 +447,15 @@ def run_once(loop: str, *, workers: int, concurrency: int, keepalive: bool,
         "p99_us": float(client_result["p99_us"]),
         "server_cpu_us_per_req": cpu / served * 1e6 if cpu > 0 else math.nan,
     }
+    worker_p99 = client_result["p99_us_by_worker"]
     return {
         "metrics": metrics,
-        "per_worker": {"connections": connections, "requests": requests},
+        "per_worker": {"connections": connections, "requests": requests,
+                       "cpu_s": [float(r["cpu_s"]) for r in results],
+                       "p99_us": [worker_p99.get(str(i)) for i in range(workers)]},
         "client": str(client_result["client"]),
         "pinned": pin,
+        "placement": placement,
         "errors": int(client_result["errors"]),
     }
 

@@ -1,7 +1,8 @@
 """The statistics of the report: percentiles, spread, Jain's index, max/min.
 
-Medians and percentiles are the stdlib's (``statistics``); what it does not
-have is here.  Pure functions, unit-tested in tests/test_benchmarks.py.
+Medians are the stdlib's (``statistics``); what it does not have is here,
+percentiles included (it has none between whole percents, such as p99.9).
+Pure functions, unit-tested in tests/test_benchmarks.py.
 """
 
 from __future__ import annotations
@@ -11,21 +12,24 @@ import statistics
 from collections.abc import Sequence
 
 
-def percentiles(values: Sequence[float], *qs: int) -> list[float]:
-    """The *qs*-th percentiles (each 1-99) of *values*, interpolated between
-    ranks as numpy's default ("linear") does, so p50 is the median.
-
-    ``statistics.quantiles``' inclusive method is that interpolation; before
-    Python 3.13 it refuses a single value, whose every percentile is itself.
+def percentiles(values: Sequence[float], *qs: float) -> list[float]:
+    """The *qs*-th percentiles (each above 0 and below 100: 50, 99, 99.9) of
+    *values*, interpolated between ranks as numpy's default ("linear") does,
+    so p50 is the median: the q-th sits at rank q / 100 x (n - 1) of the
+    sorted values.  (``statistics.quantiles`` cuts at whole percents only.)
     """
     if not values:
         raise ValueError("percentiles of no values")
-    if any(not 1 <= q <= 99 for q in qs):
-        raise ValueError(f"percentiles {qs!r}: each must be within 1..99")
-    if len(values) == 1:
-        return [float(values[0])] * len(qs)
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return [cuts[q - 1] for q in qs]
+    if any(not 0 < q < 100 for q in qs):
+        raise ValueError(f"percentiles {qs!r}: each must be above 0 and below 100")
+    ordered = sorted(values)
+    out = []
+    for q in qs:
+        rank = q / 100 * (len(ordered) - 1)
+        low = math.floor(rank)
+        high = min(low + 1, len(ordered) - 1)
+        out.append(ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
+    return [float(v) for v in out]
 
 
 def spread(values: Sequence[float]) -> float:

@@ -29,6 +29,17 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 }
 #: What follows a ratio in every table: "0.27", then this sign.
 TIMES = "\N{MULTIPLICATION SIGN}"
+# The same response in one write (/one) and in two (/two), each figure of
+# /two over /one's, and the sends per request (asyncio_relaxed's counters).
+COLUMNS["split"] = [
+    ("req/s 1 write", "rate", "{:,.0f}"), ("req/s 2 writes", "rate_two", "{:,.0f}"),
+    ("req/s 2/1", "rate_two_vs_one", "{:.2f}" + TIMES),
+    ("CPU µs/req 1 write", "cpu_us_per_unit", "{:.1f}"),
+    ("CPU µs/req 2 writes", "cpu_us_per_unit_two", "{:.1f}"),
+    ("CPU 2/1", "cpu_two_vs_one", "{:.2f}" + TIMES),
+    ("send/req 1 write", "send_per_unit", "{:.2f}"),
+    ("send/req 2 writes", "send_per_unit_two", "{:.2f}"),
+]
 SYSCALL_COLUMNS = ("poll_waits", "epoll_ctl", "recv", "send", "accept")
 #: Per kind of workload, the ratio column of its table: (title, metric, the
 #: loop every row is divided by).
@@ -46,6 +57,7 @@ SUMMARY_METRICS: dict[str, tuple[str, bool]] = {
     "MiB": ("gbit_s", False),
     "idle": ("bytes_per_unit", True),
     "fairness": ("jain", False),
+    "split": ("cpu_us_per_unit_two", True),
 }
 
 
@@ -54,7 +66,39 @@ def kind(entry: dict[str, Any]) -> str:
         return "fairness"
     if entry["params"]["client"] == "idle":
         return "idle"
+    if entry["params"]["client"] == "open":
+        return "open"
+    if entry["params"]["server"] == "split":
+        return "split"
     return str(entry["unit"])
+
+
+def columns(entry: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(title, metric key, format) of *entry*'s table: its kind's, or for the
+    open-loop workloads the capacity, then per load its latencies from due
+    time and the client's own send lag."""
+    if kind(entry) != "open":
+        return COLUMNS[kind(entry)]
+    out = [("capacity req/s", "rate", "{:,.0f}"), ("CPU µs/req", "cpu_us_per_unit", "{:.1f}")]
+    for load in entry["params"]["loads"]:
+        out += [(f"req/s @{load}%", f"rate_{load}", "{:,.0f}"),
+                (f"p50 µs @{load}%", f"p50_us_{load}", "{:,.0f}"),
+                (f"p99 µs @{load}%", f"p99_us_{load}", "{:,.0f}"),
+                (f"p99.9 µs @{load}%", f"p999_us_{load}", "{:,.0f}"),
+                (f"lag p99 µs @{load}%", f"lag_p99_us_{load}", "{:,.0f}")]
+    return out
+
+
+def summary_metric(entry: dict[str, Any]) -> tuple[str, bool] | None:
+    """The figure the summary compares for *entry* and whether lower is
+    better, or None: the open loop's p99 at its highest load; under mixed
+    connection lifetimes, Jain's index over requests (the load a worker
+    got, where its long connections count), not over new connections."""
+    if kind(entry) == "open":
+        return f"p99_us_{max(entry['params']['loads'])}", True
+    if kind(entry) == "fairness" and entry["params"].get("mode") == "mixed":
+        return "jain_requests", False
+    return SUMMARY_METRICS.get(kind(entry))
 
 
 def _fmt(fmt: str, value: float | None) -> str:
@@ -75,22 +119,23 @@ def ratio(value: float | None, base: float | None) -> str:
 
 def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The header and the rows of one workload's table."""
-    columns = COLUMNS[kind(entry)]
-    header = ["loop", *(title for title, _, _ in columns)]
+    cols = columns(entry)
+    header = ["loop", *(title for title, _, _ in cols)]
     unit = {"request": "req", "connection": "conn", "MiB": "MiB"}.get(entry["unit"], "req")
     ratio_column = RATIO_COLUMNS.get(kind(entry))
     if ratio_column:
         title, metric, against = ratio_column
         base = entry["loops"].get(against, {}).get("median", {}).get(metric)
         header.append(title)
-    has_sys = any("syscalls_strace" in v or "poll_waits_per_unit" in v["median"]
-                  for v in entry["loops"].values())
+    has_sys = kind(entry) in ("request", "connection", "MiB") and any(
+        "syscalls_strace" in v or "poll_waits_per_unit" in v["median"]
+        for v in entry["loops"].values())
     if has_sys:
         header += [f"{c}/{unit}" for c in SYSCALL_COLUMNS] + [f"callbacks/{unit}"]
     out = []
     for name, data in entry["loops"].items():
         med = data["median"]
-        row = [name, *(_fmt(fmt, med.get(key)) for _, key, fmt in columns)]
+        row = [name, *(_fmt(fmt, med.get(key)) for _, key, fmt in cols)]
         if ratio_column:
             row.append(ratio(med.get(metric), base))
         if has_sys:
@@ -122,18 +167,18 @@ def summary(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     picked = []
     for entry in doc["workloads"]:
         name = ours(doc, entry)
-        if name is None or kind(entry) not in SUMMARY_METRICS:
+        figure = summary_metric(entry)
+        if name is None or figure is None:
             continue
-        picked.append((entry, name))
+        picked.append((entry, name, figure))
         peers += [n for n in entry["loops"]
                   if doc["loops"][n]["kind"] != "relaxed" and n not in peers]
-    if any(f"{name}@base" in entry["loops"] for entry, name in picked):
+    if any(f"{name}@base" in entry["loops"] for entry, name, _ in picked):
         peers.append("@base")
     header = ["workload", "our loop", "figure", "ours", *(f"vs {p}" for p in peers), "noise"]
     body = []
-    for entry, name in picked:
-        metric, lower = SUMMARY_METRICS[kind(entry)]
-        title, fmt = next((t, f) for t, key, f in COLUMNS[kind(entry)] if key == metric)
+    for entry, name, (metric, lower) in picked:
+        title, fmt = next((t, f) for t, key, f in columns(entry) if key == metric)
         value = entry["loops"][name]["median"].get(metric)
         cells = []
         for peer in peers:
@@ -156,6 +201,30 @@ def spread_note(entry: dict[str, Any]) -> str:
     worst = max((d["spread"].get("cpu_us_per_unit", d["spread"].get("jain", 0.0))
                  for d in entry["loops"].values()), default=0.0)
     return f"largest spread of the repeats: {worst:.0%}"
+
+
+def per_worker(entry: dict[str, Any]) -> list[str]:
+    """Per loop of a fairness workload, what each worker served in its
+    median run by Jain's index over requests: connections, requests and,
+    where the run has them, CPU seconds and p99 latency."""
+    out = []
+    for name, data in entry["loops"].items():
+        runs = sorted((s for s in data["samples"] if "per_worker" in s),
+                      key=lambda s: s.get("jain_requests") or 0.0)
+        if not runs:
+            continue
+        workers = runs[len(runs) // 2]["per_worker"]
+        parts = [f"connections {'/'.join(str(n) for n in workers['connections'])}",
+                 f"requests {'/'.join(str(n) for n in workers['requests'])}"]
+        if "cpu_s" in workers:
+            parts.append("CPU s " + "/".join(f"{t:.2f}" for t in workers["cpu_s"]))
+        if "p99_us" in workers:
+            parts.append("p99 µs " + "/".join(_fmt("{:,.0f}", v) for v in workers["p99_us"]))
+        out.append(f"{name}: " + " · ".join(parts))
+    return out
+
+
+PER_WORKER_NOTE = "Per worker (worker 0/1/..., the median run by Jain's index over requests)"
 
 
 def text_table(header: list[str], body: list[list[str]]) -> str:
@@ -196,8 +265,14 @@ def terminal(doc: dict[str, Any], out: Callable[[str], None] = print) -> None:
     for entry in doc["workloads"]:
         out("")
         out(f"{entry['name']}: {entry['about']} ({spread_note(entry) if entry['loops'] else ''})")
+        if "skipped" in entry:
+            out(f"  skipped: {entry['skipped']}")
         if entry["loops"]:
             out(text_table(*rows(entry)))
+        if kind(entry) == "fairness" and (lines := per_worker(entry)):
+            out(f"{PER_WORKER_NOTE}:")
+            for line in lines:
+                out(f"  {line}")
         for name, errors in entry.get("errors", {}).items():
             out(f"  {name}: {len(errors)} failed run(s): {errors[0]}")
     for name, why in doc["skipped"].items():
@@ -223,10 +298,14 @@ def markdown(doc: dict[str, Any], charts: list[Path]) -> str:
         parts += ["", "## Summary", "", markdown_table(header, body), "", SUMMARY_NOTE + "."]
     for entry in doc["workloads"]:
         parts += ["", f"## {entry['name']}", "", entry["about"] + ".", ""]
+        if "skipped" in entry:
+            parts.append(f"Skipped: {entry['skipped']}.")
         if entry["loops"]:
             clients = {d["client"] for d in entry["loops"].values()}
             parts += [markdown_table(*rows(entry)), "",
                       f"Client: {', '.join(sorted(clients))}; {spread_note(entry)}."]
+        if kind(entry) == "fairness" and (lines := per_worker(entry)):
+            parts += ["", f"{PER_WORKER_NOTE}:", ""] + [f"- {line}" for line in lines]
         for name, errors in entry.get("errors", {}).items():
             parts.append(f"- {name}: {len(errors)} failed run(s): `{errors[0]}`")
     if charts:
@@ -298,7 +377,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], out: Callable[[str], None] = p
         old = a_work.get(entry["name"])
         if old is None:
             continue
-        metrics = [key for _, key, _ in COLUMNS[kind(entry)] if not key.startswith("p")]
+        metrics = [key for _, key, _ in columns(entry) if not key.startswith("p")]
         for name, data in entry["loops"].items():
             if name not in old["loops"]:
                 continue

@@ -12,6 +12,12 @@ when the client, not the server, is the bottleneck.  System calls per
 request come from ``loop.statistics()`` on our loop, and from ``strace -c
 -f`` attached for a shorter window to every loop (ours too, as a cross-check)
 for the workloads marked ``syscalls`` when strace is installed.
+
+A run is one server process and one or more measured windows on it: one;
+one per path (``Workload.paths``: the same response in one write and in
+two); or the open-loop client's capacity, then its constant-rate loads
+(benchmarks.openloop).  A workload whose ``needs`` are missing here is
+skipped with the reason.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import IO, Any
 
 from benchmarks import checkout, fairness, loops, maths
 from benchmarks.workloads import WORKLOADS, Workload
+from benchmarks.workloads import missing as workload_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
@@ -225,12 +232,18 @@ def server_command(w: Workload, loop: str) -> list[str]:
             "--loop", loops.preset(loop), *w.server_args]
 
 
-def client_command(w: Workload, warmup: float, duration: float) -> list[str]:
-    """The built-in client of *w*; it reads the server's port from its input."""
+def client_command(w: Workload, warmup: float, duration: float,
+                   path: str | None = None) -> list[str]:
+    """The built-in client of *w* (the window on *path*, default ``w.path``);
+    it reads the server's port from its input."""
+    if w.client == "open":
+        return [sys.executable, "-m", "benchmarks.openloop", "--concurrency",
+                str(w.concurrency), "--request", str(w.request), "--response", str(w.response),
+                "--warmup", str(warmup), "--duration", str(duration)]
     kind = "http" if w.client == "wrk" else w.client
     return [sys.executable, "-m", "benchmarks.client", "--kind", kind,
             "--concurrency", str(w.concurrency), "--request", str(w.request),
-            "--response", str(w.response), "--path", w.path,
+            "--response", str(w.response), "--path", path or w.path,
             "--warmup", str(warmup), "--duration", str(duration)]
 
 
@@ -257,72 +270,142 @@ def strace_counts(raw: dict[str, int]) -> dict[str, int]:
 
 def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
             syscalls: bool = False) -> dict[str, Any]:
-    """One measured run of workload *w* on *loop*: the sample's metrics."""
+    """One measured run of workload *w* on *loop*: the sample's metrics.
+
+    One server process serves every window of the run: one, or one per path
+    (``w.paths``), or the open-loop client's capacity and loads."""
     if w.server == "fairness":
         outcome: dict[str, Any] = fairness.run_once(
-            loop, workers=w.workers, concurrency=w.concurrency, keepalive=w.keepalive,
-            duration=duration, warmup=warmup)
+            loop, workers=w.workers, concurrency=w.concurrency, mode=w.mode,
+            duration=duration, warmup=warmup, placement=w.placement)
         return {**outcome["metrics"], "per_worker": outcome["per_worker"],
-                "client": outcome["client"], "pinned": outcome["pinned"]}
+                "client": outcome["client"], "pinned": outcome["pinned"],
+                "placement": outcome["placement"]}
     server_cpu, client_cpu = cpus()
     traced: dict[str, int] = {}
-    before: dict[str, Any] = {}
-    after: dict[str, Any] = {}
-    result: dict[str, Any]
     use_wrk = w.client == "wrk" and shutil.which("wrk") is not None
     with processes() as started:
         server = Process(server_command(w, loop), server_cpu, checkout.import_dir(loop))
         started.append(server)
-        if not use_wrk:  # it starts up while the server does, then waits for the port
-            client = Process(client_command(w, warmup, duration), client_cpu)
+
+        def builtin(path: str | None = None) -> Process | None:
+            if use_wrk:
+                return None
+            client = Process(client_command(w, warmup, duration, path), client_cpu)
             started.append(client)
+            return client
+
+        client = builtin()  # it starts up while the server does, then waits for the port
         listening = server.read()
         port = listening["listening"]
         checkout.check_package(loop, listening.get("relaxed"), ROOT)
-        pid = server.proc.pid
-        if w.client == "idle":
-            before = _mark(server)
-        if use_wrk:
-            _wrk(port, w, max(1, round(warmup)), client_cpu)  # warm-up
-            client_name = wrk_version() or "wrk"
+        if w.client == "open":
+            assert client is not None
+            sample = _open_loop(w, loop, server, client, port)
         else:
-            client.say(str(port))
-            client_name = client.read()["client"]
-        if w.client == "idle":
-            # Every connection is open and idle now: the second mark must
-            # come before "go", which closes them.
-            after = _mark(server)
-        else:
-            before = _mark(server)
-        with strace(pid, traced) if syscalls else contextlib.nullcontext():
-            if use_wrk:
-                result = _wrk(port, w, max(1, round(duration)), client_cpu)
-            else:
-                client.say("go")
-                result = client.read()
-            if w.client != "idle":
-                after = _mark(server)
+            trace = strace(server.proc.pid, traced) if syscalls else None
+            sample = _figures(w, loop, *_window(w, server, client, port, w.path, warmup,
+                                                duration, client_cpu, trace))
+            first = w.path.strip("/")
+            for path in w.paths:
+                name = path.strip("/")
+                more = _figures(w, loop, *_window(w, server, builtin(path), port, path,
+                                                  warmup, duration, client_cpu, None))
+                sample.update({f"{key}_{name}": value for key, value in more.items()
+                               if key not in ("client", "units")})
+                sample[f"rate_{name}_vs_{first}"] = more["rate"] / sample["rate"]
+                sample[f"cpu_{name}_vs_{first}"] = (more["cpu_us_per_unit"]
+                                                    / sample["cpu_us_per_unit"])
         server.close()
+    if syscalls:  # a strace run: only its counts mean anything (strace slows the server)
+        return {"syscalls_strace": per_unit(strace_counts(traced), sample["units"])}
+    sample.pop("units")
+    return sample
+
+
+def _window(w: Workload, server: Process, client: Process | None, port: int, path: str,
+            warmup: float, duration: float, cpu: int | None,
+            trace: contextlib.AbstractContextManager[None] | None,
+            ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
+    """One measured window on *path*, by wrk (*client* None) or the built-in
+    *client*, between two marks of the server, inside *trace* if given:
+    (the client's result, the marks before and after, the client's name)."""
+    before: dict[str, Any] = {}
+    if w.client == "idle":
+        before = _mark(server)
+    if client is None:
+        _wrk(port, w, max(1, round(warmup)), cpu, path)  # warm-up
+        client_name = wrk_version() or "wrk"
+    else:
+        client.say(str(port))
+        client_name = client.read()["client"]
+    if w.client == "idle":
+        # Every connection is open and idle now: the second mark must
+        # come before "go", which closes them.
+        after = _mark(server)
+    else:
+        before = _mark(server)
+    with trace or contextlib.nullcontext():
+        if client is None:
+            result = _wrk(port, w, max(1, round(duration)), cpu, path)
+        else:
+            client.say("go")
+            result = client.read()
+        if w.client != "idle":
+            after = _mark(server)
+    return result, before, after, client_name
+
+
+def _figures(w: Workload, loop: str, result: dict[str, Any], before: dict[str, Any],
+             after: dict[str, Any], client_name: str) -> dict[str, Any]:
+    """A window's figures from the client's result and the server's marks
+    (``units``: what the per-unit figures divide by)."""
     units = float(result["requests"])
     if not units > 0:
         raise RuntimeError(f"{w.name} on {loop}: the client completed nothing")
-    sample: dict[str, Any] = {"client": client_name}
+    sample: dict[str, Any] = {"client": client_name, "units": units}
     if w.client == "idle":
         sample["bytes_per_unit"] = (after["rss"] - before["rss"]) / units
         sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
-    else:
-        sample["rate"] = units / result["elapsed"]
-        if w.unit == "MiB":
-            sample["gbit_s"] = result["gbit_s"]
-        sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
-        for key in ("p50_us", "p99_us"):
-            if key in result:
-                sample[key] = result[key]
-    if syscalls:  # a strace run: only its counts mean anything (strace slows the server)
-        return {"syscalls_strace": per_unit(strace_counts(traced), units)}
-    if "statistics" in after and w.client != "idle":
+        return sample
+    sample["rate"] = units / result["elapsed"]
+    if w.unit == "MiB":
+        sample["gbit_s"] = result["gbit_s"]
+    sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+    for key in ("p50_us", "p99_us", "p999_us", "lag_p99_us", "lag_max_us"):
+        if key in result:
+            sample[key] = result[key]
+    if "statistics" in after:
         sample["syscalls"] = per_unit(statistics_counts(before["statistics"],
                                                         after["statistics"]), units)
+    return sample
+
+
+def _open_loop(w: Workload, loop: str, server: Process, client: Process,
+               port: int) -> dict[str, Any]:
+    """The open-loop windows (benchmarks.openloop) on one server and one
+    client process: the capacity (closed loop), then each load of
+    ``w.loads`` per cent of it at a constant rate; the figures of load L
+    carry the suffix ``_L`` and ``target_L`` is the rate asked for."""
+    client.say(str(port))
+    sample = {"client": client.read()["client"]}
+
+    def window(command: str) -> dict[str, Any]:
+        client.say(command)
+        client.read()  # ready: the warm-up is over
+        before = _mark(server)
+        client.say("go")
+        result = client.read()
+        return _figures(w, loop, result, before, _mark(server), sample["client"])
+
+    sample.update(window("closed"))
+    for load in w.loads:
+        target = sample["rate"] * load / 100
+        figures = window(f"open {target:.1f}")
+        sample.update({f"{key}_{load}": value for key, value in figures.items()
+                       if key not in ("client", "units")})
+        sample[f"target_{load}"] = target
+    client.close()  # the end of its input: it closes its connections and exits
     return sample
 
 
@@ -362,10 +445,11 @@ def parse_wrk(text: str) -> dict[str, float]:
     return out
 
 
-def _wrk(port: int, w: Workload, seconds: int, cpu: int | None) -> dict[str, Any]:
+def _wrk(port: int, w: Workload, seconds: int, cpu: int | None,
+         path: str | None = None) -> dict[str, Any]:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{w.concurrency}", f"-d{seconds}s", "--latency",
-         f"http://127.0.0.1:{port}{w.path}"],
+         f"http://127.0.0.1:{port}{path or w.path}"],
         capture_output=True, text=True, timeout=seconds + 30, preexec_fn=pin(cpu),
     )
     if out.returncode:
@@ -375,23 +459,34 @@ def _wrk(port: int, w: Workload, seconds: int, cpu: int | None) -> dict[str, Any
 
 # -- the run ------------------------------------------------------------------------
 
-#: Metrics whose median and spread the report gives (when a sample has them).
+#: Metrics whose median and spread the report gives, first (when a sample
+#: has them); every other number of a sample follows.
 METRICS = ("rate", "gbit_s", "cpu_us_per_unit", "p50_us", "p99_us", "bytes_per_unit",
            "jain", "jain_requests", "max_min", "conns_per_s", "req_per_s",
            "server_cpu_us_per_req")
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def summarize(samples: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """The medians and spreads of the samples' numbers; a window's
+    ``syscalls`` counts (``syscalls_two``: the window on /two) as
+    ``KIND_per_unit`` (``KIND_per_unit_two``), medians only."""
     medians: dict[str, float] = {}
     spreads: dict[str, float] = {}
-    for key in METRICS:
-        values = [s[key] for s in samples if key in s and math.isfinite(s[key])]
+    keys = [*METRICS, *sorted({k for s in samples for k, v in s.items()
+                               if _number(v) and k not in METRICS})]
+    for key in keys:
+        values = [s[key] for s in samples if _number(s.get(key)) and math.isfinite(s[key])]
         if values:
             medians[key] = statistics.median(values)
             spreads[key] = maths.spread(values)
-    nested = [s["syscalls"] for s in samples if "syscalls" in s]
-    if nested:
-        medians.update({f"{k}_per_unit": statistics.median([n[k] for n in nested])
+    for name in sorted({k for s in samples for k in s if k.startswith("syscalls")}):
+        nested = [s[name] for s in samples if name in s]
+        suffix = name.removeprefix("syscalls")
+        medians.update({f"{k}_per_unit{suffix}": statistics.median([n[k] for n in nested])
                         for k in nested[0]})
     return medians, spreads
 
@@ -494,6 +589,10 @@ def run(
                  "loop.statistics() on asyncio_relaxed only")
         syscalls = False
     runs = [(w, [n for n in names if n not in skipped]) for w, names in runs]
+    unable = {w.name: why for w, _ in runs if (why := workload_missing(w))}
+    for why in unable.values():
+        progress(f"note: {why}; skipped")
+    runs = [(w, [] if w.name in unable else names) for w, names in runs]
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "started": started.isoformat(timespec="seconds"),
@@ -510,13 +609,15 @@ def run(
         "skipped": skipped,
         "workloads": [],
     }
-    if "http" in {w.server for w in workloads} and not doc["machine"]["wrk"]:
+    if any(w.client == "wrk" for w in workloads) and not doc["machine"]["wrk"]:
         progress("note: wrk is not installed; HTTP load comes from the built-in client")
     meter = Progress(sum(len(names) * (repeat + int(syscalls and w.syscalls))
                          for w, names in runs), progress)
     for w, names in runs:
         entry: dict[str, Any] = {"name": w.name, "about": w.about, "unit": w.unit,
                                  "params": w.params(), "loops": {}, "errors": {}}
+        if w.name in unable:
+            entry["skipped"] = unable[w.name]
         samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for r in range(repeat):
             for name in names:

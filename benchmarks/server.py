@@ -22,7 +22,12 @@ workload's, nothing else differs between loops):
 - ``pieces``: answer each request of ``--request`` bytes with ``--pieces``
   writes of ``--piece`` bytes made in one callback (what deferred writes
   coalesce);
-- ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB.
+- ``split``: HTTP/1.1 keep-alive, one response of 13 bytes of text, written
+  in one write for ``GET /one`` and in two, head then body, for
+  ``GET /two`` (what uvicorn does for every response);
+- ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB;
+- ``uvicorn``: uvicorn with httptools serving an ASGI app, on the loop
+  uvicorn's own ``--loop`` option makes (benchmarks.asgi).
 
 ``--loop floor`` (echo-protocol only) runs no event loop: :func:`serve_floor`
 is the least a Python echo server executes, so the CPU time per request of
@@ -41,11 +46,13 @@ import select
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import checkout, loops
 
-KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "http")
+KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "split", "http",
+         "uvicorn")
 READ_SIZE = 256 * 1024  # what each server asks for per read (stock's max_size)
 _PRIVATE_ANONYMOUS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 
@@ -127,6 +134,36 @@ class PiecesProtocol(asyncio.Protocol):
                 write(self.chunk)
 
 
+class SplitProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive, every request answered with the same response:
+    in one write for ``GET /one``, in two (head, body) for ``GET /two``.
+
+    The requests are wrk's (or the built-in client's) GETs without a body;
+    a request is complete at its blank line.
+    """
+
+    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 13\r\n\r\n")
+    BODY = b"Hello, world!"
+    WHOLE = HEAD + BODY
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data if self.buffer else data
+        write = self.transport.write
+        while (end := buffer.find(b"\r\n\r\n")) >= 0:
+            if buffer.startswith(b"GET /two "):
+                write(self.HEAD)
+                write(self.BODY)
+            else:
+                write(self.WHOLE)
+            buffer = buffer[end + 4:]
+        self.buffer = buffer
+
+
 def http_app() -> Any:
     from aiohttp import web
 
@@ -167,19 +204,25 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def serve(args: argparse.Namespace) -> None:
-    loop = asyncio.get_running_loop()
-    stop = loop.create_future()
+def control(loop: asyncio.AbstractEventLoop, stop: Callable[[], object]) -> None:
+    """Answer the runner from a thread blocked on stdin: each ``mark`` with a
+    snapshot taken on *loop*'s thread, the end of input with *stop* there."""
 
     def report() -> None:
         print(json.dumps(snapshot(loop)), flush=True)
 
-    def control() -> None:
+    def read() -> None:
         for line in sys.stdin:
             if line.strip() == "mark":
                 loop.call_soon_threadsafe(report)
-        loop.call_soon_threadsafe(_finish, stop)
+        loop.call_soon_threadsafe(stop)
 
+    threading.Thread(target=read, daemon=True).start()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    stop = loop.create_future()
     runner = None
     server: Any
     if args.kind == "http":
@@ -199,13 +242,14 @@ async def serve(args: argparse.Namespace) -> None:
             "echo-buffered": EchoBufferedProtocol,
             "pipe": PipeProtocol,
             "pieces": lambda: PiecesProtocol(args.request, args.pieces, args.piece),
+            "split": SplitProtocol,
         }[args.kind]
         server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(json.dumps({"listening": port, "pid": os.getpid(),
                       "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
                       "relaxed": checkout.relaxed_package()}), flush=True)
-    threading.Thread(target=control, daemon=True).start()
+    control(loop, lambda: _finish(stop))
     await stop
     if runner is not None:
         await runner.cleanup()
@@ -313,6 +357,11 @@ def main() -> None:
     parser.add_argument("--piece", type=int, default=64, help="pieces: bytes per write")
     args = parser.parse_args()
     raise_fd_limit()
+    if args.kind == "uvicorn":  # uvicorn makes the loop itself, from its --loop option
+        from benchmarks import asgi
+
+        asgi.serve(args.loop)
+        return
     if args.loop == "floor":
         if args.kind != "echo-protocol":
             parser.error("--loop floor serves --kind echo-protocol only")

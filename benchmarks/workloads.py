@@ -9,13 +9,21 @@ fairness).  That set is sized to finish within 4 minutes on a 2-core
 machine: at 3 repeats of 0.5 s warm-up + 1 s each, a loop costs 5-7 s per
 workload (1.67 s per run, 2.33 s under wrk).  Where each workload comes
 from (docs/benchmarks.md): vmbench's echo servers, HAProxy's 0 B / 4 KiB
-HTTP test, node's tcp-raw-pipe, libuv's accept fairness.
+HTTP test, node's tcp-raw-pipe, libuv's accept fairness, TechEmpower's
+plaintext test (uvicorn), wrk2's constant-rate load (open loop).
+
+A workload that needs a package the suite does not (uvicorn, httptools)
+names it in ``needs``; where it is missing, :func:`missing` says so and the
+runner skips the workload with that reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from importlib import metadata
 
+from benchmarks.fairness import MODES, PLACEMENTS
 from benchmarks.loops import ACCEPT_LOOPS, IO_LOOPS, PEERS
 
 KiB = 1024
@@ -48,14 +56,24 @@ class Workload:
     default_loops: tuple[str, ...] = ()
     #: Also count system calls with strace on a shorter run (peers included).
     syscalls: bool = False
-    #: fairness only: workers and keep-alive.
+    #: Further measured windows on the same server process, one per path,
+    #: after the one on ``path``; each window's figures are suffixed with
+    #: its path's name (``/two``: ``rate_two``), compared with the first's.
+    paths: tuple[str, ...] = ()
+    #: open-loop client only: the constant rates, in per cent of the
+    #: capacity the same client measured first on the same server.
+    loads: tuple[int, ...] = ()
+    #: Distributions it needs beyond the suite's, "name" or "name>=version".
+    needs: tuple[str, ...] = ()
+    #: fairness only: workers, connection lifetimes (MODES), placement.
     workers: int = 0
-    keepalive: bool = False
+    mode: str = ""
+    placement: str = "pinned"
 
     def params(self) -> dict[str, object]:
         """The parameters that define the workload (for the JSON)."""
         fields = dataclasses.asdict(self)
-        for key in ("name", "about", "loops", "default_loops", "syscalls"):
+        for key in ("name", "about", "loops", "default_loops", "syscalls", "needs"):
             fields.pop(key)
         return fields
 
@@ -87,26 +105,66 @@ def _echo() -> list[Workload]:
     return out
 
 
-def fairness(workers: int, concurrency: int, keepalive: bool,
+_LIFETIMES = {
+    "close": "a new connection per request",
+    "keepalive": "keep-alive (reconnect every 20 requests)",
+    "mixed": "half keep-alive for the whole run, half a new connection per request",
+}
+
+
+def fairness(workers: int, concurrency: int, mode: str, placement: str = "pinned",
              default_loops: tuple[str, ...] = ()) -> Workload:
-    """K pre-forked workers on one listen socket under C clients (benchmarks.fairness)."""
-    mode = "keepalive" if keepalive else "close"
+    """K pre-forked workers on one listen socket under C clients
+    (benchmarks.fairness): ``fairness-k{K}-c{C}-{mode}``, and
+    ``-unpinned`` where the workers are free on every CPU."""
+    if mode not in MODES or placement not in PLACEMENTS:
+        raise ValueError(f"fairness mode {mode!r}, placement {placement!r}: "
+                         f"modes {', '.join(MODES)}; placements {', '.join(PLACEMENTS)}")
+    where = ("" if placement == "pinned"
+             else "; workers and client unpinned, free on every CPU")
     return Workload(
-        f"fairness-k{workers}-c{concurrency}-{mode}",
+        f"fairness-k{workers}-c{concurrency}-{mode}" + ("" if placement == "pinned"
+                                                         else f"-{placement}"),
         f"{workers} pre-forked workers on one listen socket, {concurrency} clients, "
-        + ("keep-alive (reconnect every 20 requests)" if keepalive
-           else "a new connection per request"),
+        + _LIFETIMES[mode] + where,
         "fairness", "fairness", concurrency, unit="request", loops=ACCEPT_LOOPS,
-        default_loops=default_loops, workers=workers, keepalive=keepalive)
+        default_loops=default_loops, workers=workers, mode=mode, placement=placement)
 
 
 def _fairness() -> list[Workload]:
     # In the default set: four workers, one client, a new connection per
     # request, where the strategies come apart (README, "Accept fairness").
     default = ("asyncio", "uvloop", "relaxed-batch", "relaxed-balanced")
-    return [fairness(workers, conc, keepalive,
-                     default if (workers, conc, keepalive) == (4, 1, False) else ())
-            for workers in (2, 4) for conc in (1, 10, 100) for keepalive in (False, True)]
+    grid = [fairness(workers, conc, mode, "pinned",
+                     default if (workers, conc, mode) == (4, 1, "close") else ())
+            for workers in (2, 4) for conc in (1, 10, 100) for mode in ("close", "keepalive")]
+    # As deployed: the same workers unpinned, and mixed lifetimes, where a
+    # worker holding long connections should take fewer new ones
+    # (accept=balanced's load-awareness), pinned and unpinned.
+    deployed = [fairness(workers, 10, mode, placement)
+                for workers in (2, 4) for mode, placement in (
+                    ("close", "unpinned"), ("keepalive", "unpinned"),
+                    ("mixed", "pinned"), ("mixed", "unpinned"))]
+    return grid + deployed
+
+
+def missing(w: Workload) -> str | None:
+    """Why workload *w* cannot run here (a distribution of ``needs`` is not
+    installed, or too old), or None when it can."""
+    for need in w.needs:
+        name, _, least = need.partition(">=")
+        try:
+            have = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return f"{w.name} needs {name}, which is not installed (pip install '{need}')"
+        if least and _release(have) < _release(least):
+            return f"{w.name} needs {need}; this is {name} {have} (pip install -U '{need}')"
+    return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version: "0.36.1rc1" -> (0, 36, 1)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -114,9 +172,24 @@ WORKLOADS: dict[str, Workload] = {
     for w in (
         *_echo(),
         Workload("http-0b", "aiohttp keep-alive, GET returning 0 B, 10 connections",
-                 "http", "wrk", 10, path="/", default_loops=IO_DEFAULT, syscalls=True),
+                 "http", "wrk", 10, path="/", default_loops=IO_DEFAULT, syscalls=True,
+                 needs=("aiohttp",)),
         Workload("http-4k", "aiohttp keep-alive, GET returning 4 KiB, 10 connections",
-                 "http", "wrk", 10, path="/4k"),
+                 "http", "wrk", 10, path="/4k", needs=("aiohttp",)),
+        # uvicorn writes a response's head and its body apart (at
+        # http.response.start and http.response.body), as split-writes' /two.
+        Workload("uvicorn-plaintext",
+                 "uvicorn + httptools, an ASGI app answering 13 B of text/plain, keep-alive, "
+                 "10 connections", "uvicorn", "wrk", 10, path="/", syscalls=True,
+                 needs=("uvicorn>=0.36", "httptools")),
+        Workload("split-writes",
+                 "the same HTTP response (13 B body) in one write and in two, head then body, "
+                 "10 keep-alive connections", "split", "wrk", 10, path="/one",
+                 paths=("/two",)),
+        Workload("openloop-1k",
+                 "open-loop latency: 1 KiB echo at a constant rate, 50 % and 80 % of the "
+                 "capacity measured first, 10 connections, latency from each request's due time",
+                 "echo-protocol", "open", 10, loads=(50, 80)),
         Workload("pipe-100k", "tcp-raw-pipe: one connection, 100 KiB chunks echoed",
                  "pipe", "pipe", 1, 100 * KiB, unit="MiB", default_loops=IO_DEFAULT),
         Workload("pipe-16m", "tcp-raw-pipe: one connection, 16 MiB chunks echoed",

@@ -677,7 +677,8 @@ def test_balanced_stop_serving_cancels_the_rest(
         handle = listener.timer
         served.stop(loop, server)
         assert handle.cancelled() and listener.timer is None
-        assert listener.state is _accept.ListenerState.STOPPED and fd not in loop._shared.serving.listeners
+        assert listener.state is _accept.ListenerState.STOPPED
+        assert fd not in loop._shared.serving.listeners
     finally:
         loop.close()
 

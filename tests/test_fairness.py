@@ -2,7 +2,7 @@
 and ``python -m benchmarks fairness`` through the shared runner and report.
 
 Forks two workers and a client process; a fraction of a second each, so the
-whole file stays under twenty seconds.
+whole file stays under thirty seconds.
 """
 
 from __future__ import annotations
@@ -24,11 +24,15 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 @pytest.mark.bench
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("loop", ["asyncio", "relaxed-balanced"])
-@pytest.mark.parametrize("keepalive", [False, True], ids=["close", "keepalive"])
-def test_run_once_schema_and_numbers(loop: str, keepalive: bool) -> None:
-    result = fairness.run_once(loop, workers=2, concurrency=4, keepalive=keepalive,
-                               duration=0.3, warmup=0.1)
-    assert set(result) >= {"metrics", "per_worker", "client", "pinned"}
+@pytest.mark.parametrize(("mode", "placement"), [
+    ("close", "pinned"), ("keepalive", "pinned"), ("mixed", "unpinned")])
+def test_run_once_schema_and_numbers(loop: str, mode: str, placement: str) -> None:
+    result = fairness.run_once(loop, workers=2, concurrency=4, mode=mode,
+                               duration=0.3, warmup=0.1, placement=placement)
+    assert set(result) >= {"metrics", "per_worker", "client", "pinned", "placement"}
+    assert result["placement"] == placement
+    if placement == "unpinned":
+        assert result["pinned"] is False
     metrics = result["metrics"]
     assert isinstance(metrics, dict)
     assert set(metrics) == set(fairness.METRICS)
@@ -40,8 +44,14 @@ def test_run_once_schema_and_numbers(loop: str, keepalive: bool) -> None:
     assert 0.5 <= metrics["jain"] <= 1.0 and 0.5 <= metrics["jain_requests"] <= 1.0
     per_worker = result["per_worker"]
     assert isinstance(per_worker, dict)
-    assert len(per_worker["connections"]) == len(per_worker["requests"]) == 2
+    assert set(per_worker) == {"connections", "requests", "cpu_s", "p99_us"}
+    assert all(len(values) == 2 for values in per_worker.values())
     assert all(isinstance(n, int) and n >= 0 for n in per_worker["connections"])
+    assert all(t >= 0 for t in per_worker["cpu_s"])
+    # The reply names its worker: a worker the client heard from in its
+    # window has its own p99 (None: none in the window).
+    assert all(p99 is None or (math.isfinite(p99) and p99 > 0) for p99 in per_worker["p99_us"])
+    assert any(p99 is not None for p99 in per_worker["p99_us"])
     # Not requests >= connections: a window mark can fall between a
     # connection_made and its request.
     assert sum(per_worker["requests"]) > 0 and sum(per_worker["connections"]) > 0
@@ -51,8 +61,24 @@ def test_run_once_schema_and_numbers(loop: str, keepalive: bool) -> None:
 
 def test_missing_loop_is_a_lookup_error() -> None:
     with pytest.raises(LookupError):
-        fairness.run_once("no-such-loop", workers=2, concurrency=1, keepalive=False,
+        fairness.run_once("no-such-loop", workers=2, concurrency=1, mode="close",
                           duration=0.1)
+
+
+def test_bad_mode_placement_or_mixed_with_one_client_fail_before_forking() -> None:
+    for options in ({"mode": "sometimes"}, {"mode": "close", "placement": "elsewhere"},
+                    {"mode": "mixed", "concurrency": 1}):
+        with pytest.raises(ValueError):
+            fairness.run_once("asyncio", **{"workers": 2, "concurrency": 4,
+                                            "duration": 0.1, **options})
+
+
+def test_mixed_lifetimes_keep_some_connections_for_the_whole_run() -> None:
+    assert fairness._lifetimes("close", 3) == [1, 1, 1]
+    assert fairness._lifetimes("keepalive", 2) == [fairness.KEEPALIVE_REQUESTS] * 2
+    assert fairness._lifetimes("mixed", 10) == [None] * 5 + [1] * 5
+    assert fairness._lifetimes("mixed", 2) == [None, 1]
+    assert fairness._lifetimes("mixed", 3).count(None) in (1, 2)
 
 
 @pytest.mark.bench
