@@ -719,25 +719,34 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
             self._check_high_water()
 
     def writelines(self, list_of_data: Any) -> None:
-        if self._eof:
-            raise RuntimeError("Cannot call writelines() after write_eof()")
-        if self._empty_waiter is not None:
-            raise RuntimeError("unable to writelines; sendfile is in progress")
-        chunks = list(list_of_data)
-        if not chunks:
-            return
-        if _compat.PY314:
-            # Stock skips empty chunks before it looks at them (gh-155888).
-            views = [memoryview(data) for data in chunks if data]
-        elif _compat.PY312:
-            views = [memoryview(data) for data in chunks]  # stock's TypeError text
-        else:
-            # 3.11's stock joins the chunks first (WriteTransport.writelines).
+        if not _compat.PY312:
+            # 3.11's stock is WriteTransport.writelines: it joins the chunks
+            # (the join's TypeError comes first), then calls write().
+            chunks = list(list_of_data)
             for index, data in enumerate(chunks):
                 if not isinstance(data, (bytes, bytearray, memoryview)):
                     raise TypeError(f"sequence item {index}: expected a bytes-like object, "
                                     f"{type(data).__name__} found")
-            views = [memoryview(data) for data in chunks]
+            if self._eof:
+                raise RuntimeError("Cannot call write() after write_eof()")
+            if self._empty_waiter is not None:
+                raise RuntimeError("unable to write; sendfile is in progress")
+            views = [memoryview(data) for data in chunks if data]
+            if not views:
+                return  # write(b"") returns before it looks for a lost connection
+        else:
+            if self._eof:
+                raise RuntimeError("Cannot call writelines() after write_eof()")
+            if self._empty_waiter is not None:
+                raise RuntimeError("unable to writelines; sendfile is in progress")
+            chunks = list(list_of_data)
+            if _compat.PY314:
+                # Stock skips empty chunks before it looks at them (gh-155888).
+                views = [memoryview(data) for data in chunks if data]
+            else:
+                views = [memoryview(data) for data in chunks]  # stock's TypeError text
+        if not chunks:
+            return
         if self._conn_lost:
             self._drop_write_after_loss()
             return
