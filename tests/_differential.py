@@ -753,6 +753,10 @@ class Session:
                 self.observations.append(("peer", "send", describe(exc)))
                 return
             self.sent_by_peer += sent
+            if sent and self.kind == "tcp" and self.lost_calls:
+                # Bytes for a socket closed already: as for one closed with
+                # bytes unread (lost), TCP resets and drops its send queue.
+                self.observations.append(("closed with bytes unread",))
             if name == "peer_send_timed":
                 await self.timed()
         elif name == "peer_read":
@@ -1134,8 +1138,10 @@ def normalise(
 
     With either: what the kernel held when the rest was dropped, by abort(),
     by a protocol's failure ("Fatal error: ...", which aborts), or by a TCP
-    socket closed with bytes unread (the kernel then resets the
-    connection and drops its send queue); with SEND_AFTER_CALLBACK, what
+    socket closed with bytes unread or sent bytes after it closed (the
+    kernel then resets the connection and drops its send queue; whether
+    the close comes before the peer's bytes depends on how fast the kernel
+    took the buffer); with SEND_AFTER_CALLBACK, what
     the aborting callback wrote is still the transport's, where stock had
     sent it from write().  Not compared, after either: the bytes the peer
     received and those outstanding, and the peer's EOF and errors.
