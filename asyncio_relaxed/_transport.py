@@ -670,36 +670,49 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
         if kind is memoryview and (data.ndim != 1 or data.format != "B"):  # type: ignore[union-attr]
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
         shared = self._shared
-        if not self._buffer and (
-            not shared.deferred or (len(data) > self._high_water and not self._sending)
-        ):
-            # Fast path, safe only when nothing is buffered (order!), which
-            # implies the transport is IDLE (see _writes).  Every such write
-            # in eager mode.  In deferred mode a write that alone passes the
-            # high-water mark: the queued path below would send it at once
-            # too (_check_high_water), only after a round trip through the
-            # queue, 5 % more instructions per request on echo-protocol-100k
-            # (benchmarks.instructions).  Not from resume_writing() inside
-            # _write_now (_sending): there the write is appended and
-            # _write_now decides, which re-pauses the protocol as before.
-            shared.stats.sent_at_once += 1  # one write, one send (Counters)
-            try:
-                n = self._sock.send(data)  # type: ignore[union-attr]
-            except (BlockingIOError, InterruptedError):
-                shared.stats.send_eagain += 1
-                n = 0
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on socket transport")
+        if not self._buffer:
+            if not shared.deferred or (
+                (size := len(data)) > self._high_water and not self._sending
+            ):
+                # Fast path, safe only when nothing is buffered (order!), which
+                # implies the transport is IDLE (see _writes).  Every such write
+                # in eager mode.  In deferred mode a write that alone passes the
+                # high-water mark: the queued path below would send it at once
+                # too (_check_high_water), only after a round trip through the
+                # queue, 5 % more instructions per request on echo-protocol-100k
+                # (benchmarks.instructions).  Not from resume_writing() inside
+                # _write_now (_sending): there the write is appended and
+                # _write_now decides, which re-pauses the protocol as before.
+                shared.stats.sent_at_once += 1  # one write, one send (Counters)
+                try:
+                    n = self._sock.send(data)  # type: ignore[union-attr]
+                except (BlockingIOError, InterruptedError):
+                    shared.stats.send_eagain += 1
+                    n = 0
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._fatal_error(exc, "Fatal write error on socket transport")
+                    return
+                if n == len(data):
+                    return
+                shared.stats.partial_writes += 1
+                self._append(memoryview(data)[n:] if n else data)
+                self._after_short_write()
+                self._maybe_pause_protocol()
                 return
-            if n == len(data):
+            if kind is bytes and not self._sending:
+                # Deferred mode, the first write since the buffer emptied:
+                # an empty buffer outside _write_now means IDLE (see _writes),
+                # and this write stays under the high-water mark (else the
+                # branch above sent it), so all it needs is buffering and
+                # queueing; the general path below does the same in more steps.
+                self._buffer = [data]  # type: ignore[list-item]  # bytes: no copy needed
+                self._buffer_size = size
+                self._write_state = QUEUED
+                shared.pending.append(self)  # WriteQueue.queue(), inlined
+                shared.stats.queued_at_once += 1  # a write, and a deferred one (Counters)
                 return
-            shared.stats.partial_writes += 1
-            self._append(memoryview(data)[n:] if n else data)
-            self._after_short_write()
-            self._maybe_pause_protocol()
-            return
         if kind is bytes:
             if self._buffer is _NO_BUFFER:  # bytes: no copy needed
                 self._buffer = [data]  # type: ignore[list-item]

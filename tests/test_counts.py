@@ -155,6 +155,34 @@ def test_three_writes_in_one_callback(relaxed_loop: asyncio_relaxed.Loop) -> Non
     b.close()
 
 
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_lone_deferred_write_is_queued_then_sent_with_one_send(kind: Any) -> None:
+    """The first write since the buffer emptied (bytes: the short path in
+    write(); the others are copied first): buffered and queued, nothing sent
+    until the flush, which sends it with one send."""
+    loop = asyncio_relaxed.new_event_loop(write="deferred")
+    try:
+        a, b = socket.socketpair()
+        transport = attach(loop, a)
+        for round_ in range(2):  # the second after the buffer emptied again
+            payload = kind(b"lone write %d" % round_)
+            before = loop.statistics()
+            transport.write(payload)
+            delta = loop.statistics() - before
+            assert (delta.writes, delta.writes_deferred, delta.send, delta.sendmsg) == (1, 1, 0, 0)
+            assert transport.get_write_buffer_size() == len(payload)
+            iterate(loop, 1)
+            delta = loop.statistics() - before
+            assert (delta.writes, delta.writes_deferred, delta.send, delta.sendmsg) == (1, 1, 1, 0)
+            assert transport.get_write_buffer_size() == 0
+            assert b.recv(100) == bytes(payload)
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
 def test_short_write_policy(relaxed_loop: asyncio_relaxed.Loop) -> None:
     """poll waits for EPOLLOUT at once; feed retries feed_limit times first."""
     a, b = stalled_pair()
