@@ -176,6 +176,71 @@ class TransportShared(WriteQueue):
         ]
 
 
+    def flush(self, include_feeds: bool) -> None:
+        """:meth:`WriteQueue.flush`, with the common case of a deferred write
+        handled here instead of in ``_write_now``: one chunk buffered, sent
+        with one ``send``, as ``_write_now`` would send it.
+
+        Safe only for a transport with nothing else for ``_write_now`` to do
+        around the send: no ``_write_guard`` (write_eof, sendfile, a lost
+        connection), not closing, no feed retries in a row (their count is
+        reset when the buffer empties), not paused (resume_writing() is due
+        when it empties), and its context not to enter (3.15).  Any other
+        transport gets ``_write_now`` itself, as in :meth:`WriteQueue.flush`.
+        """
+        queue = self.take(include_feeds)
+        contexts = self.contexts
+        send = self.send
+        stats = self.stats
+        for transport in queue:
+            if transport._write_state != QUEUED:
+                continue
+            transport._write_state = IDLE
+            buffer = transport._buffer
+            try:
+                if (
+                    len(buffer) != 1
+                    or transport._write_guard
+                    or transport._closing
+                    or transport._feeds
+                    or transport._protocol_paused
+                    or (contexts and transport._context is not None)
+                ):
+                    if not contexts or transport._context is None:
+                        send(transport)
+                    else:
+                        transport._context.run(send, transport)
+                    continue
+                # _write_now's single-buffer send, inlined.
+                stats.send += 1
+                try:
+                    n = transport._sock.send(buffer[0])
+                except (BlockingIOError, InterruptedError):
+                    stats.send_eagain += 1
+                    n = 0
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    transport._write_failed(exc)
+                    continue
+                if n == transport._buffer_size:
+                    transport._buffer = _NO_BUFFER
+                    transport._buffer_size = 0
+                else:
+                    # What _write_now does after a short send of a transport
+                    # that passed the check above.
+                    if n:
+                        transport._consume(n)
+                    stats.partial_writes += 1
+                    transport._after_short_write()
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                if self.on_error is None:
+                    raise
+                self.on_error(transport, exc)
+
+
 def _shared(cache: dict[Any, Any], value: Any) -> Any:
     """The object equal to *value* that *cache* holds (*value* itself, the
     first time): one object per distinct value, whoever asks."""

@@ -183,6 +183,50 @@ def test_a_lone_deferred_write_is_queued_then_sent_with_one_send(kind: Any) -> N
         loop.close()
 
 
+@pytest.mark.parametrize("partial_write", ["poll", "feed"])
+@pytest.mark.parametrize("full", [False, True], ids=["short", "eagain"])
+def test_a_lone_deferred_write_that_the_kernel_takes_in_part(partial_write: str,
+                                                             full: bool) -> None:
+    """The flush's one send takes part of a lone write under the high-water
+    mark (or nothing: the socket buffer is full already): the rest waits by
+    policy, and all of it arrives in order."""
+    loop = asyncio_relaxed.new_event_loop(write="deferred", partial_write=partial_write)
+    try:
+        a, b = stalled_pair()
+        transport = attach(loop, a)
+        filled = 0  # bytes sent around the transport until the socket took no more
+        while full:
+            try:
+                filled += a.send(b"f" * 1024)
+            except BlockingIOError:
+                break
+        payload = bytes(range(256)) * 120  # 30 KiB: under the mark, over the buffers
+        before = loop.statistics()
+        loop.call_soon(transport.write, payload)
+        iterate(loop, 1)
+        delta = loop.statistics() - before
+        assert (delta.writes, delta.writes_deferred, delta.send) == (1, 1, 1)
+        assert delta.partial_writes == 1
+        assert delta.send_eagain == (1 if full else 0)
+        assert 0 < transport.get_write_buffer_size() <= len(payload)
+        if partial_write == "feed":
+            assert delta.write_feeds == 1  # retried at the end of the next iteration
+        else:
+            assert delta.write_feeds == 0
+            iterate(loop, 1)  # the poll applies the interest change: EPOLLOUT
+            delta = loop.statistics() - before
+            assert (delta.send, delta.epoll_ctl_mod) == (1, 1)
+        got = drain_between_iterations(loop, b, filled + len(payload))
+        assert got == b"f" * filled + payload
+        iterate(loop, 2)
+        assert transport.get_write_buffer_size() == 0
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
 def test_short_write_policy(relaxed_loop: asyncio_relaxed.Loop) -> None:
     """poll waits for EPOLLOUT at once; feed retries feed_limit times first."""
     a, b = stalled_pair()
