@@ -736,18 +736,32 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
         shared = self._shared
         if not self._buffer:
-            if not shared.deferred or (
-                (size := len(data)) > self._high_water and not self._sending
-            ):
-                # Fast path, safe only when nothing is buffered (order!), which
-                # implies the transport is IDLE (see _writes).  Every such write
-                # in eager mode.  In deferred mode a write that alone passes the
-                # high-water mark: the queued path below would send it at once
-                # too (_check_high_water), only after a round trip through the
-                # queue, 5 % more instructions per request on echo-protocol-100k
-                # (benchmarks.instructions).  Not from resume_writing() inside
-                # _write_now (_sending): there the write is appended and
-                # _write_now decides, which re-pauses the protocol as before.
+            # Both comparisons jump a short way: a comparison followed by a
+            # long jump (EXTENDED_ARG) is never specialized on 3.11.
+            if shared.deferred and ((size := len(data)) <= self._high_water or self._sending):
+                if kind is bytes and not self._sending:
+                    # Deferred mode, the first write since the buffer emptied:
+                    # an empty buffer outside _write_now means IDLE (see _writes),
+                    # and this write stays under the high-water mark, so all it
+                    # needs is buffering and queueing; the general path below
+                    # does the same in more steps.
+                    self._buffer = [data]  # type: ignore[list-item]  # bytes: no copy needed
+                    self._buffer_size = size
+                    self._write_state = QUEUED
+                    shared.pending.append(self)  # WriteQueue.queue(), inlined
+                    shared.stats.queued_at_once += 1  # a write, and a deferred one (Counters)
+                    return
+            else:
+                # Sent at once, safe only when nothing is buffered (order!),
+                # which implies the transport is IDLE (see _writes).  Every
+                # such write in eager mode.  In deferred mode a write that
+                # alone passes the high-water mark: the queued path would send
+                # it at once too (_check_high_water), only after a round trip
+                # through the queue, 5 % more instructions per request on
+                # echo-protocol-100k (benchmarks.instructions).  Not from
+                # resume_writing() inside _write_now (_sending): there the
+                # write is appended and _write_now decides, which re-pauses
+                # the protocol as before.
                 shared.stats.sent_at_once += 1  # one write, one send (Counters)
                 try:
                     n = self._sock.send(data)  # type: ignore[union-attr]
@@ -765,18 +779,6 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
                 self._append(memoryview(data)[n:] if n else data)
                 self._after_short_write()
                 self._maybe_pause_protocol()
-                return
-            if kind is bytes and not self._sending:
-                # Deferred mode, the first write since the buffer emptied:
-                # an empty buffer outside _write_now means IDLE (see _writes),
-                # and this write stays under the high-water mark (else the
-                # branch above sent it), so all it needs is buffering and
-                # queueing; the general path below does the same in more steps.
-                self._buffer = [data]  # type: ignore[list-item]  # bytes: no copy needed
-                self._buffer_size = size
-                self._write_state = QUEUED
-                shared.pending.append(self)  # WriteQueue.queue(), inlined
-                shared.stats.queued_at_once += 1  # a write, and a deferred one (Counters)
                 return
         if kind is bytes:
             if self._buffer is _NO_BUFFER:  # bytes: no copy needed
