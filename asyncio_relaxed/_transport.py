@@ -104,6 +104,10 @@ _DEFAULT_LOW_WATER = _DEFAULT_HIGH_WATER // 4
 _NO_BUFFER: Any = ()
 
 _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
+# The most buffered chunks the deferred flush sends without _write_now: in
+# one sendmsg, or one send where there is no sendmsg (_write_now sends the
+# first chunk alone there).
+_FLUSH_MAX_CHUNKS = IOV_MAX if _HAS_SENDMSG else 1
 
 # The size of a small read (see "Reads" above): under glibc's default
 # M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
@@ -175,11 +179,11 @@ class TransportShared(WriteQueue):
             if hasattr(socket, option)
         ]
 
-
     def flush(self, include_feeds: bool) -> None:
-        """:meth:`WriteQueue.flush`, with the common case of a deferred write
+        """:meth:`WriteQueue.flush`, with the common case of deferred writes
         handled here instead of in ``_write_now``: one chunk buffered, sent
-        with one ``send``, as ``_write_now`` would send it.
+        with one ``send``, or up to IOV_MAX of them, in one ``sendmsg``, as
+        ``_write_now`` would send them.
 
         Safe only for a transport with nothing else for ``_write_now`` to do
         around the send: no ``_write_guard`` (write_eof, sendfile, a lost
@@ -197,9 +201,11 @@ class TransportShared(WriteQueue):
                 continue
             transport._write_state = IDLE
             buffer = transport._buffer
+            # Not 0: a QUEUED transport has a buffer (see _writes).
+            chunks = len(buffer)
             try:
                 if (
-                    len(buffer) != 1
+                    chunks > _FLUSH_MAX_CHUNKS
                     or transport._write_guard
                     or transport._closing
                     or transport._feeds
@@ -211,10 +217,15 @@ class TransportShared(WriteQueue):
                     else:
                         transport._context.run(send, transport)
                     continue
-                # _write_now's single-buffer send, inlined.
-                stats.send += 1
+                # _write_now's send, inlined.
                 try:
-                    n = transport._sock.send(buffer[0])
+                    if chunks == 1:
+                        stats.send += 1
+                        n = transport._sock.send(buffer[0])
+                    else:
+                        stats.sendmsg += 1
+                        stats.writes_coalesced += chunks
+                        n = transport._sock.sendmsg(buffer)
                 except (BlockingIOError, InterruptedError):
                     stats.send_eagain += 1
                     n = 0

@@ -185,11 +185,12 @@ def test_a_lone_deferred_write_is_queued_then_sent_with_one_send(kind: Any) -> N
 
 @pytest.mark.parametrize("partial_write", ["poll", "feed"])
 @pytest.mark.parametrize("full", [False, True], ids=["short", "eagain"])
-def test_a_lone_deferred_write_that_the_kernel_takes_in_part(partial_write: str,
-                                                             full: bool) -> None:
-    """The flush's one send takes part of a lone write under the high-water
-    mark (or nothing: the socket buffer is full already): the rest waits by
-    policy, and all of it arrives in order."""
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_deferred_writes_that_the_kernel_takes_in_part(partial_write: str, full: bool,
+                                                       pieces: int) -> None:
+    """The flush's one send (one write) or sendmsg (three) takes part of what
+    was written under the high-water mark (or nothing: the socket buffer is
+    full already): the rest waits by policy, and all of it arrives in order."""
     loop = asyncio_relaxed.new_event_loop(write="deferred", partial_write=partial_write)
     try:
         a, b = stalled_pair()
@@ -202,10 +203,16 @@ def test_a_lone_deferred_write_that_the_kernel_takes_in_part(partial_write: str,
                 break
         payload = bytes(range(256)) * 120  # 30 KiB: under the mark, over the buffers
         before = loop.statistics()
-        loop.call_soon(transport.write, payload)
+        step = len(payload) // pieces
+        for start in range(0, len(payload), step):
+            loop.call_soon(transport.write, payload[start:start + step])
         iterate(loop, 1)
         delta = loop.statistics() - before
-        assert (delta.writes, delta.writes_deferred, delta.send) == (1, 1, 1)
+        assert (delta.writes, delta.writes_deferred) == (pieces, 1)
+        if pieces == 1:
+            assert (delta.send, delta.sendmsg, delta.writes_coalesced) == (1, 0, 0)
+        else:
+            assert (delta.send, delta.sendmsg, delta.writes_coalesced) == (0, 1, pieces)
         assert delta.partial_writes == 1
         assert delta.send_eagain == (1 if full else 0)
         assert 0 < transport.get_write_buffer_size() <= len(payload)
@@ -215,7 +222,7 @@ def test_a_lone_deferred_write_that_the_kernel_takes_in_part(partial_write: str,
             assert delta.write_feeds == 0
             iterate(loop, 1)  # the poll applies the interest change: EPOLLOUT
             delta = loop.statistics() - before
-            assert (delta.send, delta.epoll_ctl_mod) == (1, 1)
+            assert (delta.send + delta.sendmsg, delta.epoll_ctl_mod) == (1, 1)
         got = drain_between_iterations(loop, b, filled + len(payload))
         assert got == b"f" * filled + payload
         iterate(loop, 2)
