@@ -104,6 +104,10 @@ _DEFAULT_LOW_WATER = _DEFAULT_HIGH_WATER // 4
 _NO_BUFFER: Any = ()
 
 _HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
+# The most buffered chunks the deferred flush sends without _write_now: in
+# one sendmsg, or one send where there is no sendmsg (_write_now sends the
+# first chunk alone there).
+_FLUSH_MAX_CHUNKS = IOV_MAX if _HAS_SENDMSG else 1
 
 # The size of a small read (see "Reads" above): under glibc's default
 # M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
@@ -174,6 +178,78 @@ class TransportShared(WriteQueue):
             for level, option, value in config.tcp_options()
             if hasattr(socket, option)
         ]
+
+    def flush(self, include_feeds: bool) -> None:
+        """:meth:`WriteQueue.flush`, with the common case of deferred writes
+        handled here instead of in ``_write_now``: one chunk buffered, sent
+        with one ``send``, or up to IOV_MAX of them, in one ``sendmsg``, as
+        ``_write_now`` would send them.
+
+        Safe only for a transport with nothing else for ``_write_now`` to do
+        around the send: no ``_write_guard`` (write_eof, sendfile, a lost
+        connection), not closing, no feed retries in a row (their count is
+        reset when the buffer empties), not paused (resume_writing() is due
+        when it empties), and its context not to enter (3.15).  Any other
+        transport gets ``_write_now`` itself, as in :meth:`WriteQueue.flush`.
+        """
+        queue = self.take(include_feeds)
+        contexts = self.contexts
+        send = self.send
+        stats = self.stats
+        for transport in queue:
+            if transport._write_state != QUEUED:
+                continue
+            transport._write_state = IDLE
+            buffer = transport._buffer
+            # Not 0: a QUEUED transport has a buffer (see _writes).
+            chunks = len(buffer)
+            try:
+                if (
+                    chunks > _FLUSH_MAX_CHUNKS
+                    or transport._write_guard
+                    or transport._closing
+                    or transport._feeds
+                    or transport._protocol_paused
+                    or (contexts and transport._context is not None)
+                ):
+                    if not contexts or transport._context is None:
+                        send(transport)
+                    else:
+                        transport._context.run(send, transport)
+                    continue
+                # _write_now's send, inlined.
+                try:
+                    if chunks == 1:
+                        stats.send += 1
+                        n = transport._sock.send(buffer[0])
+                    else:
+                        stats.sendmsg += 1
+                        stats.writes_coalesced += chunks
+                        n = transport._sock.sendmsg(buffer)
+                except (BlockingIOError, InterruptedError):
+                    stats.send_eagain += 1
+                    n = 0
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    transport._write_failed(exc)
+                    continue
+                if n == transport._buffer_size:
+                    transport._buffer = _NO_BUFFER
+                    transport._buffer_size = 0
+                else:
+                    # What _write_now does after a short send of a transport
+                    # that passed the check above.
+                    if n:
+                        transport._consume(n)
+                    stats.partial_writes += 1
+                    transport._after_short_write()
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                if self.on_error is None:
+                    raise
+                self.on_error(transport, exc)
 
 
 def _shared(cache: dict[Any, Any], value: Any) -> Any:
@@ -670,36 +746,51 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
         if kind is memoryview and (data.ndim != 1 or data.format != "B"):  # type: ignore[union-attr]
             data = data.tobytes()  # type: ignore[union-attr]  # offsets below are bytes
         shared = self._shared
-        if not self._buffer and (
-            not shared.deferred or (len(data) > self._high_water and not self._sending)
-        ):
-            # Fast path, safe only when nothing is buffered (order!), which
-            # implies the transport is IDLE (see _writes).  Every such write
-            # in eager mode.  In deferred mode a write that alone passes the
-            # high-water mark: the queued path below would send it at once
-            # too (_check_high_water), only after a round trip through the
-            # queue, 5 % more instructions per request on echo-protocol-100k
-            # (benchmarks.instructions).  Not from resume_writing() inside
-            # _write_now (_sending): there the write is appended and
-            # _write_now decides, which re-pauses the protocol as before.
-            shared.stats.sent_at_once += 1  # one write, one send (Counters)
-            try:
-                n = self._sock.send(data)  # type: ignore[union-attr]
-            except (BlockingIOError, InterruptedError):
-                shared.stats.send_eagain += 1
-                n = 0
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on socket transport")
+        if not self._buffer:
+            # Both comparisons jump a short way: a comparison followed by a
+            # long jump (EXTENDED_ARG) is never specialized on 3.11.
+            if shared.deferred and ((size := len(data)) <= self._high_water or self._sending):
+                if kind is bytes and not self._sending:
+                    # Deferred mode, the first write since the buffer emptied:
+                    # an empty buffer outside _write_now means IDLE (see _writes),
+                    # and this write stays under the high-water mark, so all it
+                    # needs is buffering and queueing; the general path below
+                    # does the same in more steps.
+                    self._buffer = [data]  # type: ignore[list-item]  # bytes: no copy needed
+                    self._buffer_size = size
+                    self._write_state = QUEUED
+                    shared.pending.append(self)  # WriteQueue.queue(), inlined
+                    shared.stats.queued_at_once += 1  # a write, and a deferred one (Counters)
+                    return
+            else:
+                # Sent at once, safe only when nothing is buffered (order!),
+                # which implies the transport is IDLE (see _writes).  Every
+                # such write in eager mode.  In deferred mode a write that
+                # alone passes the high-water mark: the queued path would send
+                # it at once too (_check_high_water), only after a round trip
+                # through the queue, 5 % more instructions per request on
+                # echo-protocol-100k (benchmarks.instructions).  Not from
+                # resume_writing() inside _write_now (_sending): there the
+                # write is appended and _write_now decides, which re-pauses
+                # the protocol as before.
+                shared.stats.sent_at_once += 1  # one write, one send (Counters)
+                try:
+                    n = self._sock.send(data)  # type: ignore[union-attr]
+                except (BlockingIOError, InterruptedError):
+                    shared.stats.send_eagain += 1
+                    n = 0
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._fatal_error(exc, "Fatal write error on socket transport")
+                    return
+                if n == len(data):
+                    return
+                shared.stats.partial_writes += 1
+                self._append(memoryview(data)[n:] if n else data)
+                self._after_short_write()
+                self._maybe_pause_protocol()
                 return
-            if n == len(data):
-                return
-            shared.stats.partial_writes += 1
-            self._append(memoryview(data)[n:] if n else data)
-            self._after_short_write()
-            self._maybe_pause_protocol()
-            return
         if kind is bytes:
             if self._buffer is _NO_BUFFER:  # bytes: no copy needed
                 self._buffer = [data]  # type: ignore[list-item]

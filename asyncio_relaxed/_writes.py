@@ -16,8 +16,11 @@ A transport's write side is in exactly one of three states (its
 The transport moves itself between the states (it knows its buffer); this
 queue only holds the transports in QUEUED and runs them.  A transport's
 buffer is non-empty only while it is QUEUED or POLLING, or while its send
-runs (``_sending``), so a write that finds the buffer empty may send at once
-(the eager fast path) without asking the state.
+runs (``_sending``); and it is QUEUED or POLLING only with a non-empty
+buffer (every path that empties the buffer sets it IDLE).  So outside a
+send, a write that finds the buffer empty knows the transport is IDLE: it
+may send at once (the eager fast path) or queue it (the deferred one)
+without asking the state.
 
 write=deferred queues the transport at its first write of an iteration, so
 that everything the iteration's callbacks write leaves in one ``sendmsg`` of
@@ -108,13 +111,19 @@ class WriteQueue:
         self.feeding.append(transport)
         return True
 
-    def flush(self, include_feeds: bool) -> None:
-        """Run the send of every queued transport, in the order queued."""
+    def take(self, include_feeds: bool) -> list[Any]:
+        """Empty the queue (the feed retries too, if *include_feeds*): the
+        transports a flush runs, in the order queued."""
         queue = self.pending
         self.pending = []
         if include_feeds and self.feeding:
             queue += self.feeding
             self.feeding = []
+        return queue
+
+    def flush(self, include_feeds: bool) -> None:
+        """Run the send of every queued transport, in the order queued."""
+        queue = self.take(include_feeds)
         contexts = self.contexts
         send = self.send
         for transport in queue:

@@ -155,6 +155,85 @@ def test_three_writes_in_one_callback(relaxed_loop: asyncio_relaxed.Loop) -> Non
     b.close()
 
 
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_lone_deferred_write_is_queued_then_sent_with_one_send(kind: Any) -> None:
+    """The first write since the buffer emptied (bytes: the short path in
+    write(); the others are copied first): buffered and queued, nothing sent
+    until the flush, which sends it with one send."""
+    loop = asyncio_relaxed.new_event_loop(write="deferred")
+    try:
+        a, b = socket.socketpair()
+        transport = attach(loop, a)
+        for round_ in range(2):  # the second after the buffer emptied again
+            payload = kind(b"lone write %d" % round_)
+            before = loop.statistics()
+            transport.write(payload)
+            delta = loop.statistics() - before
+            assert (delta.writes, delta.writes_deferred, delta.send, delta.sendmsg) == (1, 1, 0, 0)
+            assert transport.get_write_buffer_size() == len(payload)
+            iterate(loop, 1)
+            delta = loop.statistics() - before
+            assert (delta.writes, delta.writes_deferred, delta.send, delta.sendmsg) == (1, 1, 1, 0)
+            assert transport.get_write_buffer_size() == 0
+            assert b.recv(100) == bytes(payload)
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("partial_write", ["poll", "feed"])
+@pytest.mark.parametrize("full", [False, True], ids=["short", "eagain"])
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_deferred_writes_that_the_kernel_takes_in_part(partial_write: str, full: bool,
+                                                       pieces: int) -> None:
+    """The flush's one send (one write) or sendmsg (three) takes part of what
+    was written under the high-water mark (or nothing: the socket buffer is
+    full already): the rest waits by policy, and all of it arrives in order."""
+    loop = asyncio_relaxed.new_event_loop(write="deferred", partial_write=partial_write)
+    try:
+        a, b = stalled_pair()
+        transport = attach(loop, a)
+        filled = 0  # bytes sent around the transport until the socket took no more
+        while full:
+            try:
+                filled += a.send(b"f" * 1024)
+            except BlockingIOError:
+                break
+        payload = bytes(range(256)) * 120  # 30 KiB: under the mark, over the buffers
+        before = loop.statistics()
+        step = len(payload) // pieces
+        for start in range(0, len(payload), step):
+            loop.call_soon(transport.write, payload[start:start + step])
+        iterate(loop, 1)
+        delta = loop.statistics() - before
+        assert (delta.writes, delta.writes_deferred) == (pieces, 1)
+        if pieces == 1:
+            assert (delta.send, delta.sendmsg, delta.writes_coalesced) == (1, 0, 0)
+        else:
+            assert (delta.send, delta.sendmsg, delta.writes_coalesced) == (0, 1, pieces)
+        assert delta.partial_writes == 1
+        assert delta.send_eagain == (1 if full else 0)
+        assert 0 < transport.get_write_buffer_size() <= len(payload)
+        if partial_write == "feed":
+            assert delta.write_feeds == 1  # retried at the end of the next iteration
+        else:
+            assert delta.write_feeds == 0
+            iterate(loop, 1)  # the poll applies the interest change: EPOLLOUT
+            delta = loop.statistics() - before
+            assert (delta.send + delta.sendmsg, delta.epoll_ctl_mod) == (1, 1)
+        got = drain_between_iterations(loop, b, filled + len(payload))
+        assert got == b"f" * filled + payload
+        iterate(loop, 2)
+        assert transport.get_write_buffer_size() == 0
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
 def test_short_write_policy(relaxed_loop: asyncio_relaxed.Loop) -> None:
     """poll waits for EPOLLOUT at once; feed retries feed_limit times first."""
     a, b = stalled_pair()
