@@ -179,78 +179,6 @@ class TransportShared(WriteQueue):
             if hasattr(socket, option)
         ]
 
-    def flush(self, include_feeds: bool) -> None:
-        """:meth:`WriteQueue.flush`, with the common case of deferred writes
-        handled here instead of in ``_write_now``: one chunk buffered, sent
-        with one ``send``, or up to IOV_MAX of them, in one ``sendmsg``, as
-        ``_write_now`` would send them.
-
-        Safe only for a transport with nothing else for ``_write_now`` to do
-        around the send: no ``_write_guard`` (write_eof, sendfile, a lost
-        connection), not closing, no feed retries in a row (their count is
-        reset when the buffer empties), not paused (resume_writing() is due
-        when it empties), and its context not to enter (3.15).  Any other
-        transport gets ``_write_now`` itself, as in :meth:`WriteQueue.flush`.
-        """
-        queue = self.take(include_feeds)
-        contexts = self.contexts
-        send = self.send
-        stats = self.stats
-        for transport in queue:
-            if transport._write_state != QUEUED:
-                continue
-            transport._write_state = IDLE
-            buffer = transport._buffer
-            # Not 0: a QUEUED transport has a buffer (see _writes).
-            chunks = len(buffer)
-            try:
-                if (
-                    chunks > _FLUSH_MAX_CHUNKS
-                    or transport._write_guard
-                    or transport._closing
-                    or transport._feeds
-                    or transport._protocol_paused
-                    or (contexts and transport._context is not None)
-                ):
-                    if not contexts or transport._context is None:
-                        send(transport)
-                    else:
-                        transport._context.run(send, transport)
-                    continue
-                # _write_now's send, inlined.
-                try:
-                    if chunks == 1:
-                        stats.send += 1
-                        n = transport._sock.send(buffer[0])
-                    else:
-                        stats.sendmsg += 1
-                        stats.writes_coalesced += chunks
-                        n = transport._sock.sendmsg(buffer)
-                except (BlockingIOError, InterruptedError):
-                    stats.send_eagain += 1
-                    n = 0
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    transport._write_failed(exc)
-                    continue
-                if n == transport._buffer_size:
-                    transport._buffer = _NO_BUFFER
-                    transport._buffer_size = 0
-                else:
-                    # What _write_now does after a short send of a transport
-                    # that passed the check above.
-                    if n:
-                        transport._consume(n)
-                    stats.partial_writes += 1
-                    transport._after_short_write()
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                if self.on_error is None:
-                    raise
-                self.on_error(transport, exc)
-
 
 def _shared(cache: dict[Any, Any], value: Any) -> Any:
     """The object equal to *value* that *cache* holds (*value* itself, the
@@ -1120,4 +1048,53 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
 
 #: The write queue's send: the class's _write_now, without a method lookup
 #: on each transport (see WriteQueue.send).
-_send_queued = SocketTransport._write_now
+def _send_queued(transport: SocketTransport) -> None:
+    """The send the write queue's flush runs on a QUEUED transport (set IDLE
+    already): ``_write_now``'s, with its common case here, for the deferred
+    writes of one iteration: up to _FLUSH_MAX_CHUNKS chunks buffered, sent
+    as ``_write_now`` would send them (one ``send``, or one ``sendmsg``).
+
+    Safe only for a transport with nothing else for ``_write_now`` to do
+    around the send: no ``_write_guard`` (write_eof, sendfile, a lost
+    connection), not closing, no feed retries in a row (their count is
+    reset when the buffer empties), and not paused (resume_writing() is due
+    when it empties).  Any other transport gets ``_write_now`` itself.
+    """
+    buffer = transport._buffer
+    chunks = len(buffer)  # not 0: a QUEUED transport has a buffer (see _writes)
+    if (
+        chunks > _FLUSH_MAX_CHUNKS
+        or transport._write_guard
+        or transport._closing
+        or transport._feeds
+        or transport._protocol_paused
+    ):
+        transport._write_now()
+        return
+    stats = transport._shared.stats
+    try:
+        if chunks == 1:
+            stats.send += 1
+            n = transport._sock.send(buffer[0])  # type: ignore[union-attr]
+        else:
+            stats.sendmsg += 1
+            stats.writes_coalesced += chunks
+            n = transport._sock.sendmsg(buffer)  # type: ignore[union-attr]
+    except (BlockingIOError, InterruptedError):
+        stats.send_eagain += 1
+        n = 0
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        transport._write_failed(exc)
+        return
+    if n == transport._buffer_size:
+        transport._buffer = _NO_BUFFER
+        transport._buffer_size = 0
+        return
+    # What _write_now does after a short send of a transport that passed
+    # the check above.
+    if n:
+        transport._consume(n)
+    stats.partial_writes += 1
+    transport._after_short_write()
