@@ -1102,7 +1102,9 @@ def normalise(
     * where pause_writing() and resume_writing() come (and a protocol's
       failure or action there: see compare);
     * when a close() with data buffered ends in connection_lost (the buffer
-      empties sooner or later), and whether a write() after close() is still
+      empties sooner or later), when a write_eof() with data buffered shuts
+      the socket down, and so where the peer sees EOF (compared at the end,
+      not where it came); and whether a write() after close() is still
       sent (while data is buffered) or dropped (once connection_lost is due);
     * once the peer has gone (closed or reset) with bytes outstanding, or is
       written to after it went (how many sends the writes make decides
@@ -1171,7 +1173,7 @@ def normalise(
     # Set when: connection_lost came; the transport is closing; what the
     # peer gets is no longer comparable; the peer closed or reset; it did so
     # with bytes outstanding, or was written to after.
-    lost = closing = unaccounted = peer_left = peer_gone = False
+    lost = closing = unaccounted = peer_left = peer_gone = peer_eof = False
     losses = []
     for item in observations:
         kind = item[0]
@@ -1243,12 +1245,17 @@ def normalise(
             continue  # write_eof()'s shutdown() meets the reset, if nothing else did
         elif kind == "peer" and unaccounted:
             continue
+        elif kind == "peer" and item[1] == "eof" and share:
+            peer_eof = True
+            continue
         elif kind == "peer received" and unaccounted:
             item = ("peer received", "?")
         result.append(item)
     if share:  # where the connection went, it may have ended before or after
         result += [("callback", "?", "connection_lost", "?" if peer_gone else exc)
                    for exc in losses]
+        if peer_eof:
+            result.append(("peer", "eof"))
     return result
 
 
