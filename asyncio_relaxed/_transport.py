@@ -764,8 +764,8 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
                 views = [memoryview(data) for data in chunks if data]
             else:
                 views = [memoryview(data) for data in chunks]  # stock's TypeError text
-        if not chunks:
-            return
+            if not chunks:
+                return
         if self._conn_lost:
             self._drop_write_after_loss()
             return
@@ -1046,13 +1046,13 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
                 waiter.set_exception(ConnectionError("Connection is closed by peer"))
 
 
-#: The write queue's send: the class's _write_now, without a method lookup
-#: on each transport (see WriteQueue.send).
 def _send_queued(transport: SocketTransport) -> None:
-    """The send the write queue's flush runs on a QUEUED transport (set IDLE
-    already): ``_write_now``'s, with its common case here, for the deferred
-    writes of one iteration: up to _FLUSH_MAX_CHUNKS chunks buffered, sent
-    as ``_write_now`` would send them (one ``send``, or one ``sendmsg``).
+    """The write queue's send (WriteQueue.send), run on a QUEUED transport
+    set IDLE already: ``_write_now``, with its common case, the deferred
+    writes of one iteration, here: up to _FLUSH_MAX_CHUNKS chunks buffered,
+    sent as ``_write_now`` would send them (one ``send``, or one
+    ``sendmsg``).  The send is ``_write_now``'s, repeated to spare its
+    call and its checks (benchmarks.instructions, relaxed-deferred).
 
     Safe only for a transport with nothing else for ``_write_now`` to do
     around the send: no ``_write_guard`` (write_eof, sendfile, a lost

@@ -111,19 +111,13 @@ class WriteQueue:
         self.feeding.append(transport)
         return True
 
-    def take(self, include_feeds: bool) -> list[Any]:
-        """Empty the queue (the feed retries too, if *include_feeds*): the
-        transports a flush runs, in the order queued."""
+    def flush(self, include_feeds: bool) -> None:
+        """Run the send of every queued transport, in the order queued."""
         queue = self.pending
         self.pending = []
         if include_feeds and self.feeding:
             queue += self.feeding
             self.feeding = []
-        return queue
-
-    def flush(self, include_feeds: bool) -> None:
-        """Run the send of every queued transport, in the order queued."""
-        queue = self.take(include_feeds)
         contexts = self.contexts
         send = self.send
         for transport in queue:
