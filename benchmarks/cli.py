@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fairness, instructions, loops, report, runner, workloads
+from benchmarks import bytecodes, fairness, instructions, loops, report, runner, workloads
 
 #: The --mode tokens of ``fairness`` (connection lifetimes) and the ones it
 #: runs when none is given: a new connection per request, and keep-alive.
@@ -67,10 +67,11 @@ def _loops_option(p: argparse.ArgumentParser, default: Sequence[str] | None) -> 
                    + f"); known: {', '.join(loops.SPECS)}")
 
 
-def _repeat_options(p: argparse.ArgumentParser, duration: float) -> None:
+def _repeat_options(p: argparse.ArgumentParser, duration: float, warmup: float) -> None:
     p.add_argument("--duration", type=float, default=duration,
                    help=f"measured seconds per run ({duration:g})")
-    p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per run (0.5)")
+    p.add_argument("--warmup", type=float, default=warmup,
+                   help=f"warm-up seconds per run ({warmup:g})")
     p.add_argument("--repeat", type=int, default=3, help="runs per loop, interleaved (3)")
 
 
@@ -106,7 +107,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workloads", help="comma-separated names or shell patterns (echo-*), each "
                    f"on all its loops; known: {', '.join(workloads.WORKLOADS)}")
     _loops_option(r, None)
-    _repeat_options(r, 1.0)
+    # 0.25 s of warm-up: the default set within 4 minutes with every peer
+    # (docs/benchmarks.md, the default set).
+    _repeat_options(r, 1.0, 0.25)
     r.add_argument("--no-syscalls", action="store_true",
                    help="skip the strace -c counts of every loop")
     _output_options(r)
@@ -133,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--placement", type=_tokens(fairness.PLACEMENTS), default=["pinned"],
                    help="comma-separated: pinned (workers on one CPU, the client on "
                    "another), unpinned (free on every CPU, as deployed) (pinned)")
-    _repeat_options(f, 3.0)
+    _repeat_options(f, 3.0, 0.5)
     _output_options(f)
 
     i = sub.add_parser("instructions", help="instructions per request, counted by callgrind",
@@ -146,6 +149,20 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
     _output_options(i, charts=False)
     i.add_argument("--child", nargs=3, metavar=("LOOP", "SIZE", "ROUNDS"),
+                   help=argparse.SUPPRESS)
+
+    b = sub.add_parser("bytecodes", help="bytecodes per request per function (Python 3.12+)",
+                       description=(bytecodes.__doc__ or "").split("\n\n")[0])
+    _loops_option(b, bytecodes.DEFAULT_LOOPS)
+    b.add_argument("--size", type=lambda v: v if v == instructions.HTTP else int(v),
+                   default=1024, help="message size in bytes, or http for the aiohttp "
+                   "workload (1024)")
+    b.add_argument("--rounds", type=int, default=bytecodes.ROUNDS,
+                   help=f"measured rounds of {instructions.PAIRS} requests ({bytecodes.ROUNDS})")
+    b.add_argument("--top", type=int, default=bytecodes.TOP,
+                   help=f"functions in the second table ({bytecodes.TOP})")
+    _output_options(b, charts=False)
+    b.add_argument("--child", nargs=3, metavar=("LOOP", "SIZE", "ROUNDS"),
                    help=argparse.SUPPRESS)
     return top
 
@@ -160,11 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "instructions" and args.child:
         instructions.child_main(*args.child)
         return 0
+    if args.command == "bytecodes" and args.child:
+        bytecodes.child_main(*args.child)
+        return 0
     names = _names(args.loops)
     for name in names or ():
         if name not in loops.SPECS:
             p.error(f"--loops: unknown loop {name!r}; known: {', '.join(loops.SPECS)}")
     command = ["__main__.py", *args_list]
+    if args.command == "bytecodes":
+        if args.rounds < 1 or args.top < 1:
+            p.error("--rounds and --top must be >= 1")
+        return bytecodes.run(names or [], args.size, rounds=args.rounds, top=args.top,
+                             results=args.results, command=command)
     if args.command == "instructions":
         return instructions.run(names or [], args.sizes, baseline=args.baseline,
                                 jobs=args.jobs, results=args.results, command=command)

@@ -153,7 +153,10 @@ class Driver:
         return True
 
 
-def child(loop_name: str, size: int, rounds: int) -> None:
+def child(loop_name: str, size: int, rounds: int,
+          on_round: Callable[[int], None] | None = None) -> None:
+    """One echo run of *rounds* after the warm-up; *on_round(left)* is
+    called before each round is sent, with the rounds left after it."""
     served, clients = _pairs()
     for client in clients:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * size)
@@ -172,8 +175,12 @@ def child(loop_name: str, size: int, rounds: int) -> None:
         if not driver.receive():
             loop.call_soon(next_round)  # a short write: the rest comes later
         elif driver.rounds:
+            if on_round is not None:
+                on_round(driver.rounds - 1)
             driver.send_round()
         else:
+            if on_round is not None:
+                on_round(-1)
             finished.set_result(None)
 
     def round_done(nbytes: int) -> None:
@@ -182,13 +189,17 @@ def child(loop_name: str, size: int, rounds: int) -> None:
 
     for sock in served:
         loop.run_until_complete(loop.connect_accepted_socket(lambda: Echo(round_done), sock))
+    if on_round is not None:
+        on_round(driver.rounds - 1)
     driver.send_round()
     loop.run_until_complete(finished)
     loop.close()
 
 
-def http_child(loop_name: str, rounds: int) -> None:
-    """The aiohttp run: ``PAIRS`` keep-alive clients, one GET each per round."""
+def http_child(loop_name: str, rounds: int,
+               on_round: Callable[[int], None] | None = None) -> None:
+    """The aiohttp run: ``PAIRS`` keep-alive clients, one GET each per round
+    (*on_round* as for :func:`child`)."""
     from aiohttp import web
 
     print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
@@ -200,6 +211,8 @@ def http_child(loop_name: str, rounds: int) -> None:
 
     def send_round() -> None:
         state["rounds"] -= 1
+        if on_round is not None:
+            on_round(state["rounds"])
         for i, client in enumerate(clients):
             client.sendall(HTTP_REQUEST)
             missing[i] += 1
@@ -221,6 +234,8 @@ def http_child(loop_name: str, rounds: int) -> None:
         elif state["rounds"]:
             send_round()
         else:
+            if on_round is not None:
+                on_round(-1)
             finished.set_result(None)
 
     async def hello(request: web.Request) -> web.Response:

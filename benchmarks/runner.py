@@ -55,6 +55,9 @@ HARD_TIMEOUT = 120.0
 #: 0.5.0's pipe-100k server answered after 70-79 s in 3 runs of 26 on the
 #: 2-CPU machine of the README, once at 23 GB RSS).
 MARK_TIMEOUT = 5.0
+#: Longest measured window of a strace run: its figures are counts per
+#: request, thousands of requests either way.
+STRACE_WINDOW = 0.5
 
 
 # -- the machine ------------------------------------------------------------------
@@ -639,7 +642,7 @@ def run(
                 if name not in entry["loops"]:
                     continue
                 try:
-                    traced = run_one(w, name, warmup=warmup, duration=min(duration, 1.0),
+                    traced = run_one(w, name, warmup=warmup, duration=min(duration, STRACE_WINDOW),
                                      syscalls=True)
                 except Exception as exc:
                     entry["errors"].setdefault(name, []).append(f"strace: {exc}")

@@ -191,7 +191,7 @@ WORKLOADS: dict[str, Workload] = {
                  "capacity measured first, 10 connections, latency from each request's due time",
                  "echo-protocol", "open", 10, loads=(50, 80)),
         Workload("pipe-100k", "tcp-raw-pipe: one connection, 100 KiB chunks echoed",
-                 "pipe", "pipe", 1, 100 * KiB, unit="MiB", default_loops=IO_DEFAULT),
+                 "pipe", "pipe", 1, 100 * KiB, unit="MiB"),
         Workload("pipe-16m", "tcp-raw-pipe: one connection, 16 MiB chunks echoed",
                  "pipe", "pipe", 1, 16 * MiB, unit="MiB"),
         Workload("small-writes", "16 writes of 64 B per request in one callback, 10 connections",

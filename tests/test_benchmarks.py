@@ -765,6 +765,65 @@ def test_instructions_child_echoes_every_round(loop_name: str, size: int | str) 
     assert proc.returncode == 0, proc.stderr
 
 
+# -- bytecodes per request per function (sys.monitoring) ------------------------------
+
+
+def test_bytecodes_groups_and_tables() -> None:
+    from benchmarks import bytecodes
+
+    assert bytecodes.group("/x/asyncio_relaxed/_loop.py") == "asyncio_relaxed"
+    assert bytecodes.group("/x/benchmarks/instructions.py") == "driver"
+    assert bytecodes.group(asyncio.base_events.__file__) == "asyncio"
+    assert bytecodes.group(__import__("selectors").__file__) == "other"
+    rows = {"a": {"_loop:Loop._run_once": ("asyncio_relaxed", 30.0),
+                  "base_events:BaseEventLoop.time": ("asyncio", 2.0),
+                  "instructions:Driver.receive": ("driver", 50.0)},
+            "b": {"base_events:BaseEventLoop._run_once": ("asyncio", 40.0),
+                  "selectors:EpollSelector.select": ("other", 9.0)}}
+    assert bytecodes.totals(rows["a"]) == {"asyncio_relaxed": 30.0, "asyncio": 2.0,
+                                           "driver": 50.0, "other": 0.0, "loop": 32.0}
+    (head, body), (fn_head, fn_body) = bytecodes.tables(rows, top=2)
+    assert head[:2] == ["loop", "loop's (ours + stock's)"]
+    assert body == [["a", "32.0", "30.0", "2.0", "50.0", "0.0"],
+                    ["b", "40.0", "0.0", "40.0", "0.0", "9.0"]]
+    # The driver is the same code on every loop: never among the functions.
+    assert fn_head == ["function", "where", "a", "b"]
+    assert fn_body == [["base_events:BaseEventLoop._run_once", "asyncio", "—", "40.0"],
+                       ["_loop:Loop._run_once", "asyncio_relaxed", "30.0", "—"]]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is 3.12+")
+@pytest.mark.parametrize("loop_name", ["asyncio", "relaxed-eager", "relaxed-deferred"])
+def test_bytecodes_child_counts_the_same_twice(loop_name: str) -> None:
+    """Counts of the measured rounds only, the same in two runs: the loop's
+    functions are there, the warm-up is not (fewer requests than it has)."""
+    from benchmarks import bytecodes, instructions
+
+    def counted() -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, "1024",
+             "5"], cwd=bytecodes.ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    first, second = counted(), counted()
+    assert first["requests"] == 5 * instructions.PAIRS
+    ours = {fn: n for fn, (where, n) in first["functions"].items()
+            if where in ("asyncio_relaxed", "asyncio")}
+    assert ours == {fn: n for fn, (where, n) in second["functions"].items()
+                    if where in ("asyncio_relaxed", "asyncio")}
+    write = ("selector_events:_SelectorSocketTransport.write" if loop_name == "asyncio"
+             else "_transport:SocketTransport.write")
+    # One write per request, a few dozen bytecodes each.
+    assert 10 * first["requests"] < first["functions"][write][1] < 200 * first["requests"]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="sys.monitoring is there")
+def test_bytecodes_before_3_12_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bytecodes", "--loops", "asyncio"]) == 2
+    assert "Python 3.12+" in capsys.readouterr().err
+
+
 def test_a_baseline_child_imports_the_baseline_package(tmp_path: Path) -> None:
     """``python -m`` puts its working directory first on sys.path: a baseline
     child must import the checkout's asyncio_relaxed and this tree's

@@ -1,0 +1,208 @@
+"""Bytecodes per request, per function: where a loop's Python cost goes.
+
+``python -m benchmarks instructions`` gives one number per loop (callgrind
+instructions per request); this splits the Python part of it by function.
+It runs the same in-process workload (:mod:`benchmarks.instructions`: the
+1 KiB echo over socket pairs, or the aiohttp hello) and counts, with
+``sys.monitoring``'s INSTRUCTION events (Python 3.12+), the bytecodes each
+function executes during the measured rounds, after the same warm-up.  The
+counts are exact and repeat from run to run: they move only when the code
+does.  A bytecode is not a fixed cost (a call or an attribute store costs
+more than a jump; on CPython 3.11-3.15 one averages about 20 machine
+instructions on the echo), and C code (the socket calls, ``epoll.poll``)
+executes none: read the table as *which Python code runs per request*, and
+the callgrind figure as what it all costs.
+
+Functions are grouped by where their code lives: ``asyncio_relaxed``,
+``asyncio`` (stock's Python, which our loop inherits in part), the driver
+(``benchmarks``: the same code on every loop), and the rest (aiohttp,
+the standard library).
+
+Run::
+
+    python -m benchmarks bytecodes [--loops relaxed-eager,relaxed-deferred]
+        [--size 1024|http] [--rounds 200] [--top 25]
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+from benchmarks import instructions, loops, report
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_LOOPS = ("asyncio", "relaxed-eager", "relaxed-deferred")
+ROUNDS = 200
+TOP = 25
+GROUPS = ("asyncio_relaxed", "asyncio", "driver", "other")
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def group(filename: str) -> str:
+    """Which of GROUPS a code object's file belongs to."""
+    path = Path(filename)
+    parts = path.parts
+    if "asyncio_relaxed" in parts:
+        return "asyncio_relaxed"
+    if "benchmarks" in parts:
+        return "driver"
+    try:
+        inside = path.resolve().relative_to(_STDLIB).parts
+    except ValueError:
+        return "other"
+    return "asyncio" if inside[:1] == ("asyncio",) else "other"
+
+
+def function_name(code: CodeType) -> str:
+    """``module-file:qualname`` of a code object (qualname from 3.11)."""
+    return f"{Path(code.co_filename).stem}:{code.co_qualname}"
+
+
+def count(loop_name: str, size: int | str, rounds: int) -> dict[str, Any]:
+    """Run the workload on *loop_name*, counting the bytecodes of *rounds*
+    rounds: {"requests": n, "functions": {name: [group, bytecodes]}}."""
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
+        raise RuntimeError("bytecode counts need sys.monitoring (Python 3.12+)")
+    tool = monitoring.PROFILER_ID
+    monitoring.use_tool_id(tool, "benchmarks.bytecodes")
+    counts: collections.Counter[CodeType] = collections.Counter()
+
+    def instruction(code: CodeType, offset: int) -> None:
+        counts[code] += 1
+
+    def on_round(left: int) -> None:
+        # Count from the first measured round's send to the end of the last.
+        if left == rounds - 1:
+            monitoring.set_events(tool, monitoring.events.INSTRUCTION)
+        elif left < 0:
+            monitoring.set_events(tool, 0)
+
+    monitoring.register_callback(tool, monitoring.events.INSTRUCTION, instruction)
+    try:
+        if size == instructions.HTTP:
+            instructions.http_child(loop_name, rounds, on_round)
+        else:
+            instructions.child(loop_name, int(size), rounds, on_round)
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.register_callback(tool, monitoring.events.INSTRUCTION, None)
+        monitoring.free_tool_id(tool)
+    functions: dict[str, list[Any]] = {}
+    for code, n in counts.items():
+        entry = functions.setdefault(function_name(code), [group(code.co_filename), 0])
+        entry[1] += n
+    return {"requests": rounds * instructions.PAIRS, "functions": functions}
+
+
+def per_request(counted: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    requests = counted["requests"]
+    return {name: (where, n / requests) for name, (where, n) in counted["functions"].items()}
+
+
+def totals(rows: dict[str, tuple[str, float]]) -> dict[str, float]:
+    """Bytecodes per request by group, and "loop": ours and stock's together
+    (everything but the driver and the rest)."""
+    out = dict.fromkeys(GROUPS, 0.0)
+    for where, n in rows.values():
+        out[where] += n
+    out["loop"] = out["asyncio_relaxed"] + out["asyncio"]
+    return out
+
+
+def tables(result: dict[str, dict[str, tuple[str, float]]],
+           top: int) -> tuple[tuple[list[str], list[list[str]]], tuple[list[str], list[list[str]]]]:
+    """(totals per loop, the *top* functions of any loop with each loop's count)."""
+    names = list(result)
+    sums = {name: totals(rows) for name, rows in result.items()}
+    head = ["loop", "loop's (ours + stock's)", *GROUPS]
+    body = [[name, f"{sums[name]['loop']:.1f}", *(f"{sums[name][g]:.1f}" for g in GROUPS)]
+            for name in names]
+    peak: dict[str, float] = collections.defaultdict(float)
+    where: dict[str, str] = {}
+    for rows in result.values():
+        for fn, (g, n) in rows.items():
+            peak[fn] = max(peak[fn], n)
+            where[fn] = g
+    chosen = sorted((fn for fn in peak if where[fn] != "driver"), key=lambda fn: -peak[fn])[:top]
+    fn_head = ["function", "where", *names]
+    fn_body = [[fn, where[fn], *(f"{result[name][fn][1]:.1f}" if fn in result[name] else "—"
+                                 for name in names)] for fn in chosen]
+    return (head, body), (fn_head, fn_body)
+
+
+def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
+        results: Path, command: Sequence[str]) -> int:
+    """Count each loop (one at a time, in this process's children), print the
+    tables, and write the JSON and Markdown to *results*.  2 before 3.12."""
+    if not hasattr(sys, "monitoring"):
+        print("bytecode counts need sys.monitoring (Python 3.12+); nothing counted",
+              file=sys.stderr)
+        return 2
+    import subprocess
+    import time
+
+    names = []
+    for name in loop_names or DEFAULT_LOOPS:
+        why = loops.missing(name)
+        if why:
+            print(f"note: {name} skipped: {why}", file=sys.stderr)
+        elif loops.SPECS[name].kind not in ("asyncio", "relaxed"):
+            print(f"note: {name} skipped: its loop is compiled code, which executes "
+                  "no bytecode to count", file=sys.stderr)
+        else:
+            names.append(name)
+    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    result: dict[str, dict[str, tuple[str, float]]] = {}
+    for name in names:
+        # A fresh process per loop: one loop's warmed caches and imports
+        # cannot change another's counts.
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks", "bytecodes", "--child", name, str(size),
+             str(rounds)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+            env=instructions.runner._env())
+        if proc.returncode:
+            raise RuntimeError(f"bytecodes --child {name} failed:\n{proc.stderr[-2000:]}")
+        result[name] = per_request(json.loads(proc.stdout.splitlines()[-1]))
+        print(f"  {name}: {totals(result[name])['loop']:.1f} bytecodes per request "
+              "in the loop", file=sys.stderr, flush=True)
+    (head, body), (fn_head, fn_body) = tables(result, top)
+    line = "python -m benchmarks " + " ".join(command[1:])
+    label = "aiohttp hello" if size == instructions.HTTP else f"{size} B echo"
+    doc = {"started": started, "command": line, "python": sys.version, "size": size,
+           "rounds": rounds, "pairs": instructions.PAIRS,
+           "versions": {n: loops.version(n) for n in names},
+           "bytecodes_per_request": {n: {fn: {"where": g, "bytecodes": v}
+                                         for fn, (g, v) in rows.items()}
+                                     for n, rows in result.items()}}
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{started}-bytecodes.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    md = path.with_suffix(".md")
+    md.write_text(f"# Bytecodes per request ({started})\n\n`{line}`: {label}, "
+                  f"{instructions.PAIRS} pairs x {rounds} rounds after "
+                  f"{instructions.WARMUP_ROUNDS} warm-up rounds, sys.monitoring; "
+                  f"Python {sys.version.split()[0]}\n\n"
+                  + report.markdown_table(head, body) + "\n\n"
+                  + f"The {len(fn_body)} functions with the most, on any loop "
+                  "(the driver's left out):\n\n"
+                  + report.markdown_table(fn_head, fn_body) + "\n")
+    print(report.text_table(head, body))
+    print()
+    print(report.text_table(fn_head, fn_body))
+    print(f"\nresults: {path}  report: {md}")
+    return 0
+
+
+def child_main(loop_name: str, size: str, rounds: str) -> None:
+    """``--child LOOP SIZE ROUNDS``: count one run, print its JSON last."""
+    counted = count(loop_name, size if size == instructions.HTTP else int(size), int(rounds))
+    sys.stdout.flush()
+    print(json.dumps(counted))
