@@ -14,9 +14,10 @@ executes none: read the table as *which Python code runs per request*, and
 the callgrind figure as what it all costs.
 
 Functions are grouped by where their code lives: ``asyncio_relaxed``,
-``asyncio`` (stock's Python, which our loop inherits in part), the driver
+``asyncio`` (stock's Python, which our loop inherits in part), ``floor``
+(the minimal epoll echo of the ``floor`` row, 1 KiB only), the driver
 (``benchmarks``: the same code on every loop), and the rest (aiohttp,
-the standard library).
+the standard library: stock's ``selectors`` is there).
 
 Run::
 
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import CodeType
@@ -37,16 +40,21 @@ from typing import Any
 
 from benchmarks import instructions, loops, report
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_LOOPS = ("asyncio", "relaxed-eager", "relaxed-deferred")
+ROOT = instructions.ROOT
+DEFAULT_LOOPS = ("floor", "asyncio", "relaxed-eager", "relaxed-deferred")
 ROUNDS = 200
 TOP = 25
-GROUPS = ("asyncio_relaxed", "asyncio", "driver", "other")
+GROUPS = ("asyncio_relaxed", "asyncio", "floor", "driver", "other")
+#: The floor row's loop, in the driver's module.
+FLOOR_FUNCTION = "instructions:_floor"
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
-def group(filename: str) -> str:
-    """Which of GROUPS a code object's file belongs to."""
+def group(filename: str, name: str = "") -> str:
+    """Which of GROUPS the code of function *name* (function_name) in
+    *filename* belongs to."""
+    if name == FLOOR_FUNCTION:
+        return "floor"
     path = Path(filename)
     parts = path.parts
     if "asyncio_relaxed" in parts:
@@ -97,7 +105,8 @@ def count(loop_name: str, size: int | str, rounds: int) -> dict[str, Any]:
         monitoring.free_tool_id(tool)
     functions: dict[str, list[Any]] = {}
     for code, n in counts.items():
-        entry = functions.setdefault(function_name(code), [group(code.co_filename), 0])
+        name = function_name(code)
+        entry = functions.setdefault(name, [group(code.co_filename, name), 0])
         entry[1] += n
     return {"requests": rounds * instructions.PAIRS, "functions": functions}
 
@@ -108,12 +117,12 @@ def per_request(counted: dict[str, Any]) -> dict[str, tuple[str, float]]:
 
 
 def totals(rows: dict[str, tuple[str, float]]) -> dict[str, float]:
-    """Bytecodes per request by group, and "loop": ours and stock's together
-    (everything but the driver and the rest)."""
+    """Bytecodes per request by group, and "loop": ours, stock's and the
+    floor's together (everything but the driver and the rest)."""
     out = dict.fromkeys(GROUPS, 0.0)
     for where, n in rows.values():
         out[where] += n
-    out["loop"] = out["asyncio_relaxed"] + out["asyncio"]
+    out["loop"] = out["asyncio_relaxed"] + out["asyncio"] + out["floor"]
     return out
 
 
@@ -122,7 +131,7 @@ def tables(result: dict[str, dict[str, tuple[str, float]]],
     """(totals per loop, the *top* functions of any loop with each loop's count)."""
     names = list(result)
     sums = {name: totals(rows) for name, rows in result.items()}
-    head = ["loop", "loop's (ours + stock's)", *GROUPS]
+    head = ["loop", "the loop's", *GROUPS]
     body = [[name, f"{sums[name]['loop']:.1f}", *(f"{sums[name][g]:.1f}" for g in GROUPS)]
             for name in names]
     peak: dict[str, float] = collections.defaultdict(float)
@@ -146,15 +155,14 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
         print("bytecode counts need sys.monitoring (Python 3.12+); nothing counted",
               file=sys.stderr)
         return 2
-    import subprocess
-    import time
-
     names = []
     for name in loop_names or DEFAULT_LOOPS:
         why = loops.missing(name)
         if why:
             print(f"note: {name} skipped: {why}", file=sys.stderr)
-        elif loops.SPECS[name].kind not in ("asyncio", "relaxed"):
+        elif name == instructions.FLOOR and size == instructions.HTTP:
+            print(f"note: {name} skipped: the http workload has no floor", file=sys.stderr)
+        elif loops.SPECS[name].kind not in ("asyncio", "relaxed", "floor"):
             print(f"note: {name} skipped: its loop is compiled code, which executes "
                   "no bytecode to count", file=sys.stderr)
         else:

@@ -163,7 +163,7 @@ def child(loop_name: str, size: int, rounds: int,
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * size)
     driver = Driver(clients, size, WARMUP_ROUNDS + rounds)
     if loop_name == FLOOR:
-        _floor(served, driver)
+        _floor(served, driver, on_round)
         return
     # Which tree asyncio_relaxed comes from, for the parent's check.
     print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
@@ -266,12 +266,15 @@ def http_child(loop_name: str, rounds: int,
     loop.close()
 
 
-def _floor(served: list[socket.socket], driver: Driver) -> None:
+def _floor(served: list[socket.socket], driver: Driver,
+           on_round: Callable[[int], None] | None = None) -> None:
     """The least a Python echo executes: poll, recv, send; same driver."""
     epoll = select.epoll()
     by_fd = {sock.fileno(): sock for sock in served}
     for fd in by_fd:
         epoll.register(fd, select.EPOLLIN)
+    if on_round is not None:
+        on_round(driver.rounds - 1)
     driver.send_round()
     while True:
         done = False
@@ -284,7 +287,11 @@ def _floor(served: list[socket.socket], driver: Driver) -> None:
             while not driver.receive():
                 pass
             if not driver.rounds:
+                if on_round is not None:
+                    on_round(-1)
                 return
+            if on_round is not None:
+                on_round(driver.rounds - 1)
             driver.send_round()
 
 
