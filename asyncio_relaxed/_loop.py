@@ -276,19 +276,21 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         cancelled before the poll applies only while it is still the fd's
         reader (an earlier callback may have registered a new one).
         """
-        ran = 0
+        # Every event runs its reader, unless counted off below.
+        ran = len(event_list)
         # Handle._run without its frame for handles of stock's class while
-        # its _run is stock's (see _compat.STOCK_HANDLE_RUN).
-        inline = _Handle._run is _STOCK_HANDLE_RUN
+        # its _run is stock's (see _compat.STOCK_HANDLE_RUN); None matches
+        # no handle's type.
+        inline_type = _Handle if _Handle._run is _STOCK_HANDLE_RUN else None
         for event in event_list:
             fd, (reader, writer), mask = event
             if mask & _EVENT_READ and reader is not None:
                 if reader._cancelled:
+                    ran -= 1
                     self._remove_cancelled(fd, reader, 0)
                 else:
-                    ran += 1
                     try:
-                        if not inline or type(reader) is not _Handle:
+                        if type(reader) is not inline_type:
                             reader._run()
                         elif reader._args:
                             reader._context.run(reader._callback, *reader._args)
@@ -301,6 +303,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                         raise
                     except BaseException as exc:
                         self._callback_failed(reader, exc)
+            else:
+                ran -= 1
             if mask & _EVENT_WRITE and writer is not None:
                 if writer._cancelled:
                     self._remove_cancelled(fd, writer, 1)
@@ -482,7 +486,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 # KeyboardInterrupt, the rest of the batch) stays behind the
                 # due timers' turn.
                 added = len(ready)
-                ready.extendleft(reversed(due))
+                if due:
+                    ready.extendleft(reversed(due))
         # Needed to break cycles when an exception occurs.
         event_list = None
 
@@ -493,6 +498,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if self._debug or health.slow:
             ran += _slow.run_ready_timed(self, ntodo)
             ntodo = 0
+        ran += ntodo  # less the cancelled, below
         # Handle._run inlined, as in _dispatch_events, for handles of stock's
         # classes while their _run is stock's.
         inline = (_Handle._run is _STOCK_HANDLE_RUN
@@ -500,11 +506,14 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         for _ in range(ntodo):
             handle = ready.popleft()
             if handle._cancelled:
+                ran -= 1
                 continue
-            ran += 1
             if inline and (type(handle) is _Handle or type(handle) is _TimerHandle):
                 try:
-                    handle._context.run(handle._callback, *handle._args)
+                    if handle._args:
+                        handle._context.run(handle._callback, *handle._args)
+                    else:  # a task's step: no *args (and no tuple made for them)
+                        handle._context.run(handle._callback)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
