@@ -190,18 +190,13 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
            "bytecodes_per_request": {n: {fn: {"where": g, "bytecodes": v}
                                          for fn, (g, v) in rows.items()}
                                      for n, rows in result.items()}}
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{started}-bytecodes.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    md = path.with_suffix(".md")
-    md.write_text(f"# Bytecodes per request ({started})\n\n`{line}`: {label}, "
-                  f"{instructions.PAIRS} pairs x {rounds} rounds after "
-                  f"{instructions.WARMUP_ROUNDS} warm-up rounds, sys.monitoring; "
-                  f"Python {sys.version.split()[0]}\n\n"
-                  + report.markdown_table(head, body) + "\n\n"
-                  + f"The {len(fn_body)} functions with the most, on any loop "
-                  "(the driver's left out):\n\n"
-                  + report.markdown_table(fn_head, fn_body) + "\n")
+    path, md = report.save_counts(
+        results, f"{started}-bytecodes", doc, f"Bytecodes per request ({started})",
+        f"`{line}`: {label}, {instructions.PAIRS} pairs x {rounds} rounds after "
+        f"{instructions.WARMUP_ROUNDS} warm-up rounds, sys.monitoring; "
+        f"Python {sys.version.split()[0]}",
+        [("", head, body), (f"The {len(fn_body)} functions with the most, on any loop "
+                            "(the driver's left out):", fn_head, fn_body)])
     print(report.text_table(head, body))
     print()
     print(report.text_table(fn_head, fn_body))

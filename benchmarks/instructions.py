@@ -427,14 +427,10 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
            "pairs": PAIRS, "rounds": [LOW_ROUNDS, HIGH_ROUNDS], "warmup_rounds": WARMUP_ROUNDS,
            "versions": {n: loops.version(n) for n in runnable},
            "instructions_per_request": result}
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{started}-instructions.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    md = path.with_suffix(".md")
-    md.write_text(f"# Instructions per request ({started})\n\n`{line}`, "
-                  f"{PAIRS} socket pairs (echo) or keep-alive connections (http), "
-                  f"callgrind; Python {sys.version.split()[0]}\n\n"
-                  + report.markdown_table(header, body) + "\n")
+    path, md = report.save_counts(
+        results, f"{started}-instructions", doc, f"Instructions per request ({started})",
+        f"`{line}`, {PAIRS} socket pairs (echo) or keep-alive connections (http), "
+        f"callgrind; Python {sys.version.split()[0]}", [("", header, body)])
     print(report.text_table(header, body))
     print(f"\nresults: {path}  report: {md}")
     return 0

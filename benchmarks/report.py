@@ -8,6 +8,7 @@ run, so two machines' runs compare by ratio, not by absolute figure.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -241,6 +242,23 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines)
+
+
+def save_counts(directory: Path, name: str, doc: dict[str, Any], title: str, intro: str,
+                tables: list[tuple[str, list[str], list[list[str]]]]) -> tuple[Path, Path]:
+    """Write a count's JSON and Markdown (``name.json``, ``name.md``) to
+    *directory*: the title, the intro line, then each (caption, header,
+    body) table.  Returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    md = path.with_suffix(".md")
+    parts = [f"# {title}", intro]
+    for caption, header, body in tables:
+        parts += [caption] if caption else []
+        parts.append(markdown_table(header, body))
+    md.write_text("\n\n".join(parts) + "\n")
+    return path, md
 
 
 def headline(doc: dict[str, Any]) -> str:
