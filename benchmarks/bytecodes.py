@@ -8,10 +8,11 @@ It runs the same in-process workload (:mod:`benchmarks.instructions`: the
 function executes during the measured rounds, after the same warm-up.  The
 counts are exact and repeat from run to run: they move only when the code
 does.  A bytecode is not a fixed cost (a call or an attribute store costs
-more than a jump; on CPython 3.11-3.15 one averages about 20 machine
-instructions on the echo), and C code (the socket calls, ``epoll.poll``)
-executes none: read the table as *which Python code runs per request*, and
-the callgrind figure as what it all costs.
+more than a jump; above the floor's, the 1 KiB echo's cost 49-87 machine
+instructions each on 3.12, by loop: docs/benchmarks.md), and C code (the
+socket calls, ``epoll.poll``) executes none: read the table as *which
+Python code runs per request*, and the callgrind figure as what it all
+costs.
 
 Functions are grouped by where their code lives: ``asyncio_relaxed``,
 ``asyncio`` (stock's Python, which our loop inherits in part), ``floor``
