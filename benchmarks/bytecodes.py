@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
 import sys
 import sysconfig
 import time
@@ -135,13 +134,8 @@ def tables(result: dict[str, dict[str, tuple[str, float]]],
     head = ["loop", "the loop's", *GROUPS]
     body = [[name, f"{sums[name]['loop']:.1f}", *(f"{sums[name][g]:.1f}" for g in GROUPS)]
             for name in names]
-    peak: dict[str, float] = collections.defaultdict(float)
-    where: dict[str, str] = {}
-    for rows in result.values():
-        for fn, (g, n) in rows.items():
-            peak[fn] = max(peak[fn], n)
-            where[fn] = g
-    chosen = sorted((fn for fn in peak if where[fn] != "driver"), key=lambda fn: -peak[fn])[:top]
+    where = {fn: g for rows in result.values() for fn, (g, _) in rows.items()}
+    chosen = report.top_keys(result, top, skip="driver")
     fn_head = ["function", "where", *names]
     fn_body = [[fn, where[fn], *(f"{result[name][fn][1]:.1f}" if fn in result[name] else "—"
                                  for name in names)] for fn in chosen]
@@ -173,13 +167,9 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     for name in names:
         # A fresh process per loop: one loop's warmed caches and imports
         # cannot change another's counts.
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks", "bytecodes", "--child", name, str(size),
-             str(rounds)], capture_output=True, text=True, timeout=600, cwd=ROOT,
-            env=instructions.runner._env())
-        if proc.returncode:
-            raise RuntimeError(f"bytecodes --child {name} failed:\n{proc.stderr[-2000:]}")
-        result[name] = per_request(json.loads(proc.stdout.splitlines()[-1]))
+        result[name] = per_request(report.child_json(
+            ["bytecodes", "--child", name, str(size), str(rounds)], ROOT,
+            instructions.runner._env(), 600))
         print(f"  {name}: {totals(result[name])['loop']:.1f} bytecodes per request "
               "in the loop", file=sys.stderr, flush=True)
     (head, body), (fn_head, fn_body) = tables(result, top)

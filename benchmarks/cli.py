@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bytecodes, fairness, instructions, loops, report, runner, workloads
+from benchmarks import bytecodes, fairness, instructions, loops, memory, report, runner, workloads
 
 #: The --mode tokens of ``fairness`` (connection lifetimes) and the ones it
 #: runs when none is given: a new connection per request, and keep-alive.
@@ -164,6 +164,16 @@ def parser() -> argparse.ArgumentParser:
     _output_options(b, charts=False)
     b.add_argument("--child", nargs=3, metavar=("LOOP", "SIZE", "ROUNDS"),
                    help=argparse.SUPPRESS)
+
+    m = sub.add_parser("memory", help="memory per idle connection by allocation site",
+                       description=(memory.__doc__ or "").split("\n\n")[0])
+    _loops_option(m, memory.DEFAULT_LOOPS)
+    m.add_argument("--connections", type=int, default=memory.CONNECTIONS,
+                   help=f"idle connections traced ({memory.CONNECTIONS})")
+    m.add_argument("--top", type=int, default=memory.TOP,
+                   help=f"sites in the second table ({memory.TOP})")
+    _output_options(m, charts=False)
+    m.add_argument("--child", nargs=2, metavar=("LOOP", "CONNECTIONS"), help=argparse.SUPPRESS)
     return top
 
 
@@ -180,11 +190,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bytecodes" and args.child:
         bytecodes.child_main(*args.child)
         return 0
+    if args.command == "memory" and args.child:
+        memory.child_main(*args.child)
+        return 0
     names = _names(args.loops)
     for name in names or ():
         if name not in loops.SPECS:
             p.error(f"--loops: unknown loop {name!r}; known: {', '.join(loops.SPECS)}")
     command = ["__main__.py", *args_list]
+    if args.command == "memory":
+        if args.connections < 1 or args.top < 1:
+            p.error("--connections and --top must be >= 1")
+        return memory.run(names or [], connections=args.connections, top=args.top,
+                          results=args.results, command=command)
     if args.command == "bytecodes":
         if args.rounds < 1 or args.top < 1:
             p.error("--rounds and --top must be >= 1")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +244,29 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines)
+
+
+def top_keys(result: dict[str, dict[str, tuple[str, float]]], top: int,
+             skip: str | None = None) -> list[str]:
+    """The *top* keys of a count's per-loop {key: (group, value)} rows, by
+    their largest value on any loop; keys of group *skip* left out."""
+    peak: dict[str, float] = {}
+    for rows in result.values():
+        for key, (where, value) in rows.items():
+            if where != skip:
+                peak[key] = max(peak.get(key, 0.0), value)
+    return sorted(peak, key=lambda key: -peak[key])[:top]
+
+
+def child_json(args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
+               ) -> dict[str, Any]:
+    """Run ``python -m benchmarks *args*`` in *cwd*; the JSON of its last
+    line of output (a child of a count tool prints it last)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=env)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def save_counts(directory: Path, name: str, doc: dict[str, Any], title: str, intro: str,

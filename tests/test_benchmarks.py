@@ -831,6 +831,42 @@ def test_bytecodes_before_3_12_says_so(capsys: pytest.CaptureFixture[str]) -> No
     assert "Python 3.12+" in capsys.readouterr().err
 
 
+# -- memory per idle connection by allocation site (tracemalloc) -----------------------
+
+
+def test_memory_tables() -> None:
+    from benchmarks import memory
+
+    result = {"a": {"asyncio_relaxed/_serving.py:180": ("asyncio_relaxed", 300.0),
+                    "python3.11/weakref.py:348": ("other", 88.0)},
+              "b": {"benchmarks/memory.py:94": ("C", 1000.0),
+                    "python3.11/weakref.py:348": ("other", 88.0)}}
+    (head, body), (site_head, site_body) = memory.tables(result, top=2)
+    assert head == ["loop", "B per connection", "asyncio_relaxed", "asyncio", "C", "other"]
+    assert body == [["a", "388", "300", "0", "0", "88"], ["b", "1,088", "0", "0", "1,000", "88"]]
+    assert site_head == ["allocated at", "a", "b"]
+    assert site_body == [["benchmarks/memory.py:94", "—", "1,000"],
+                         ["asyncio_relaxed/_serving.py:180", "300", "—"]]
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "relaxed-eager"])
+def test_memory_child_traces_the_idle_connections(loop_name: str) -> None:
+    """Every connection is counted once: the loop's transport is among the
+    sites, and the total per connection is that of a few objects."""
+    from benchmarks import memory
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "memory", "--child", loop_name, "60"],
+        cwd=memory.ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = memory.per_connection(json.loads(proc.stdout.splitlines()[-1]))
+    total = sum(b for _, b in rows.values())
+    assert 300 < total < 5000, rows
+    transport = ("asyncio/selector_events.py" if loop_name == "asyncio"
+                 else "asyncio_relaxed/_serving.py")
+    assert any(site.startswith(transport) and b >= 200 for site, (_, b) in rows.items()), rows
+
+
 def test_a_baseline_child_imports_the_baseline_package(tmp_path: Path) -> None:
     """``python -m`` puts its working directory first on sys.path: a baseline
     child must import the checkout's asyncio_relaxed and this tree's
