@@ -8,7 +8,7 @@ It runs the same in-process workload (:mod:`benchmarks.instructions`: the
 function executes during the measured rounds, after the same warm-up.  The
 counts are exact and repeat from run to run: they move only when the code
 does.  A bytecode is not a fixed cost (a call or an attribute store costs
-more than a jump; above the floor's, the 1 KiB echo's cost 49-87 machine
+more than a jump; above the floor's, the 1 KiB echo's cost 49-86 machine
 instructions each on 3.12, by loop: docs/benchmarks.md), and C code (the
 socket calls, ``epoll.poll``) executes none: read the table as *which
 Python code runs per request*, and the callgrind figure as what it all
@@ -38,9 +38,9 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from benchmarks import instructions, loops, report
+from benchmarks import instructions, loops, report, runner
 
-ROOT = instructions.ROOT
+ROOT = runner.ROOT
 DEFAULT_LOOPS = ("floor", "asyncio", "relaxed-eager", "relaxed-deferred")
 ROUNDS = 200
 TOP = 25
@@ -167,9 +167,8 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     for name in names:
         # A fresh process per loop: one loop's warmed caches and imports
         # cannot change another's counts.
-        result[name] = per_request(report.child_json(
-            ["bytecodes", "--child", name, str(size), str(rounds)], ROOT,
-            instructions.runner._env(), 600))
+        result[name] = per_request(runner.child_json(
+            ["bytecodes", "--child", name, str(size), str(rounds)], 600))
         print(f"  {name}: {totals(result[name])['loop']:.1f} bytecodes per request "
               "in the loop", file=sys.stderr, flush=True)
     (head, body), (fn_head, fn_body) = tables(result, top)

@@ -89,6 +89,10 @@ _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 # -- the child: one echo run, the thing valgrind counts -------------------------------
 
 
+def _no_hook(left: int) -> None:
+    """The on_round of a run nobody watches."""
+
+
 class Echo(asyncio.Protocol):
     """Writes back what it gets; the round's last byte schedules the driver."""
 
@@ -122,8 +126,10 @@ class Driver:
     last echo was written, so it rarely finds a socket empty (a short write
     by the server leaves the rest for later; then it tries again)."""
 
-    def __init__(self, clients: list[socket.socket], size: int, rounds: int) -> None:
+    def __init__(self, clients: list[socket.socket], size: int, rounds: int,
+                 on_round: Callable[[int], None] | None = None) -> None:
         self.clients = clients
+        self.on_round = on_round or _no_hook
         self.message = os.urandom(size)
         self.size = size
         self.rounds = rounds
@@ -132,6 +138,7 @@ class Driver:
 
     def send_round(self) -> None:
         self.rounds -= 1
+        self.on_round(self.rounds)
         self.unechoed = self.size * len(self.clients)
         for i, client in enumerate(self.clients):
             client.sendall(self.message)  # the peer's buffer holds a whole message
@@ -156,14 +163,15 @@ class Driver:
 def child(loop_name: str, size: int, rounds: int,
           on_round: Callable[[int], None] | None = None) -> None:
     """One echo run of *rounds* after the warm-up; *on_round(left)* is
-    called before each round is sent, with the rounds left after it."""
+    called as each round is sent, with the rounds left after it, and with
+    -1 once the last is back."""
     served, clients = _pairs()
     for client in clients:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * size)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * size)
-    driver = Driver(clients, size, WARMUP_ROUNDS + rounds)
+    driver = Driver(clients, size, WARMUP_ROUNDS + rounds, on_round)
     if loop_name == FLOOR:
-        _floor(served, driver, on_round)
+        _floor(served, driver)
         return
     # Which tree asyncio_relaxed comes from, for the parent's check.
     print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
@@ -175,12 +183,9 @@ def child(loop_name: str, size: int, rounds: int,
         if not driver.receive():
             loop.call_soon(next_round)  # a short write: the rest comes later
         elif driver.rounds:
-            if on_round is not None:
-                on_round(driver.rounds - 1)
             driver.send_round()
         else:
-            if on_round is not None:
-                on_round(-1)
+            driver.on_round(-1)
             finished.set_result(None)
 
     def round_done(nbytes: int) -> None:
@@ -189,8 +194,6 @@ def child(loop_name: str, size: int, rounds: int,
 
     for sock in served:
         loop.run_until_complete(loop.connect_accepted_socket(lambda: Echo(round_done), sock))
-    if on_round is not None:
-        on_round(driver.rounds - 1)
     driver.send_round()
     loop.run_until_complete(finished)
     loop.close()
@@ -202,6 +205,7 @@ def http_child(loop_name: str, rounds: int,
     (*on_round* as for :func:`child`)."""
     from aiohttp import web
 
+    on_round = on_round or _no_hook
     print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
     loop = loops.factory(loop_name)()
     finished = loop.create_future()
@@ -211,8 +215,7 @@ def http_child(loop_name: str, rounds: int,
 
     def send_round() -> None:
         state["rounds"] -= 1
-        if on_round is not None:
-            on_round(state["rounds"])
+        on_round(state["rounds"])
         for i, client in enumerate(clients):
             client.sendall(HTTP_REQUEST)
             missing[i] += 1
@@ -234,8 +237,7 @@ def http_child(loop_name: str, rounds: int,
         elif state["rounds"]:
             send_round()
         else:
-            if on_round is not None:
-                on_round(-1)
+            on_round(-1)
             finished.set_result(None)
 
     async def hello(request: web.Request) -> web.Response:
@@ -266,15 +268,12 @@ def http_child(loop_name: str, rounds: int,
     loop.close()
 
 
-def _floor(served: list[socket.socket], driver: Driver,
-           on_round: Callable[[int], None] | None = None) -> None:
+def _floor(served: list[socket.socket], driver: Driver) -> None:
     """The least a Python echo executes: poll, recv, send; same driver."""
     epoll = select.epoll()
     by_fd = {sock.fileno(): sock for sock in served}
     for fd in by_fd:
         epoll.register(fd, select.EPOLLIN)
-    if on_round is not None:
-        on_round(driver.rounds - 1)
     driver.send_round()
     while True:
         done = False
@@ -287,11 +286,8 @@ def _floor(served: list[socket.socket], driver: Driver,
             while not driver.receive():
                 pass
             if not driver.rounds:
-                if on_round is not None:
-                    on_round(-1)
+                driver.on_round(-1)
                 return
-            if on_round is not None:
-                on_round(driver.rounds - 1)
             driver.send_round()
 
 

@@ -9,7 +9,7 @@ per loop serves ``--connections`` idle connections, opened by a client in
 another process (so that its sockets are not traced), after a warm-up batch
 of the same kind; the figure is the growth between two snapshots, per
 connection, by file and line.  The figure includes the driver's protocol,
-one slotted object of 48 bytes per connection on every loop, allocated
+one slotted object of 40-48 bytes per connection on every loop, allocated
 where the loop calls the protocol factory.  A compiled loop's own
 allocations (through Python's allocator; tracemalloc sees no other) are
 charged to the line of this module that runs the loop: the ``C`` column.
@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bytecodes, loops, report
+from benchmarks import bytecodes, loops, report, runner
 
-ROOT = bytecodes.ROOT
+ROOT = runner.ROOT
 DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager")
 CONNECTIONS = 400
 WARMUP = 50
@@ -56,7 +56,7 @@ _BATCH = 50
 
 class Idle(asyncio.Protocol):
     """Keeps its transport, as a server's protocol does; counts the accepted.
-    Slotted: one 48-byte object per connection on every loop, no dict."""
+    Slotted: one object of 40-48 bytes per connection on every loop, no dict."""
 
     __slots__ = ("transport",)
     accepted = 0
@@ -164,9 +164,8 @@ def run(loop_names: Sequence[str], *, connections: int, top: int, results: Path,
     started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     result: dict[str, dict[str, tuple[str, float]]] = {}
     for name in names:
-        result[name] = per_connection(report.child_json(
-            ["memory", "--child", name, str(connections)], ROOT,
-            bytecodes.instructions.runner._env(), 300))
+        result[name] = per_connection(runner.child_json(
+            ["memory", "--child", name, str(connections)], 300))
         print(f"  {name}: traced", file=sys.stderr, flush=True)
     (head, body), (site_head, site_body) = tables(result, top)
     line = "python -m benchmarks " + " ".join(command[1:])

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,17 +254,6 @@ def top_keys(result: dict[str, dict[str, tuple[str, float]]], top: int,
             if where != skip:
                 peak[key] = max(peak.get(key, 0.0), value)
     return sorted(peak, key=lambda key: -peak[key])[:top]
-
-
-def child_json(args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
-               ) -> dict[str, Any]:
-    """Run ``python -m benchmarks *args*`` in *cwd*; the JSON of its last
-    line of output (a child of a count tool prints it last)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def save_counts(directory: Path, name: str, doc: dict[str, Any], title: str, intro: str,

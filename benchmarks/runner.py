@@ -230,6 +230,16 @@ def strace(pid: int, out: dict[str, int]) -> Iterator[None]:
 # -- one run ------------------------------------------------------------------------
 
 
+def child_json(args: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run ``python -m benchmarks *args*`` from this tree; the JSON of its
+    last line of output (a count tool's child prints it last)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=_env())
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def server_command(w: Workload, loop: str) -> list[str]:
     return [sys.executable, "-m", "benchmarks.server", "--kind", w.server,
             "--loop", loops.preset(loop), *w.server_args]
