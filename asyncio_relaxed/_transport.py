@@ -413,12 +413,31 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
         return "<{}>".format(" ".join(info))
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if self._sock is not None:
-            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
-            self._release_fd()
-            self._sock.close()
-            if self._server is not None:
-                _compat.server_detach(self._server, self)
+        # Only what no scheduled _call_connection_lost will do.  The collector
+        # can finalise a transport whose close() or abort() (say from a
+        # StreamWriter's own finaliser in the same cycle) has just scheduled
+        # _call_connection_lost: that handle resurrects the transport and
+        # closes the socket, releases the fd and detaches the server itself,
+        # so here nothing is done twice (a second detach fails an assertion
+        # on 3.11-3.12, or takes the server's count below zero under -O).
+        # A transport collected with nothing scheduled is marked lost first,
+        # so a close() or abort() on it afterwards does nothing.
+        if self._sock is None or self._conn_lost:
+            return
+        _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+        self._closing = True
+        self._conn_lost += 1
+        self._write_guard = True
+        self._release_fd()
+        self._sock.close()
+        self._detach_server()
+
+    def _detach_server(self) -> None:
+        """Detach from the asyncio Server that accepted the connection, once."""
+        server = self._server
+        if server is not None:
+            self._server = None
+            _compat.server_detach(server, self)
 
     # -- protocol and state ---------------------------------------------
 
@@ -1037,10 +1056,7 @@ class SocketTransport(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[m
             self._sock = None
             self._protocol = None
             self._loop = None
-            server = self._server
-            if server is not None:
-                _compat.server_detach(server, self)
-                self._server = None
+            self._detach_server()
             waiter = self._empty_waiter
             if waiter is not None and not waiter.done():
                 waiter.set_exception(ConnectionError("Connection is closed by peer"))

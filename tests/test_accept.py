@@ -238,6 +238,48 @@ def test_nodelay_on_listener_accepted_and_client_sockets(write: str) -> None:
         loop.close()
 
 
+@pytest.mark.parametrize("factory", ["asyncio", "eager", "deferred"])
+def test_nodelay_on_a_listener_made_without_a_protocol(factory: str) -> None:
+    """``socket.socket(AF_INET)`` has proto 0 (uvicorn --fd/--workers and
+    gunicorn make their listeners so): stock sets TCP_NODELAY only where
+    proto is IPPROTO_TCP, so its accepted sockets keep Nagle's algorithm;
+    ours sets it on the listener whatever its proto, and Linux copies it to
+    each accepted socket (README, Migrating from uvloop)."""
+    if factory == "asyncio":
+        loop: Any = asyncio.SelectorEventLoop()
+    else:
+        loop = asyncio_relaxed.new_event_loop(write=factory)
+    nodelay = (socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    assert listener.proto == 0
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[Any] = []
+
+    class Keep(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            accepted.append(transport)
+
+    async def main() -> None:
+        server = await loop.create_server(Keep, sock=listener)
+        client, _ = await loop.create_connection(asyncio.Protocol,
+                                                 *listener.getsockname())
+        while not accepted:
+            await asyncio.sleep(0)
+        expected = 0 if factory == "asyncio" else 1
+        assert listener.getsockopt(*nodelay) == expected
+        assert accepted[0].get_extra_info("socket").getsockopt(*nodelay) == expected
+        client.close()
+        accepted[0].close()
+        server.close()
+        await server.wait_closed()
+
+    try:
+        run(loop, main())
+    finally:
+        loop.close()
+
+
 def test_keepalive_knobs_on_listener_accepted_and_client_sockets() -> None:
     loop = asyncio_relaxed.new_event_loop(
         keepalive=True, keepalive_idle=30, keepalive_interval=5, keepalive_count=3
