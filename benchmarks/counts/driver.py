@@ -137,6 +137,17 @@ class Driver:
         self.unechoed -= nbytes
         return self.unechoed == 0
 
+    def next_round(self) -> bool:
+        """The floors' end of a round (its last echo is written): read it all
+        back, then send the next round (True), or end the run (False)."""
+        while not self.receive():
+            pass
+        if not self.rounds:
+            self.on_round(-1)
+            return False
+        self.send_round()
+        return True
+
     def receive(self) -> bool:
         """Read what has come back; True once the whole round has."""
         for i, client in enumerate(self.clients):
@@ -280,13 +291,8 @@ def floor(served: list[socket.socket], driver: Driver) -> None:
             data = sock.recv(65536)
             sock.send(data)  # a short send never happens at these sizes
             done = driver.echoed(len(data)) or done
-        if done:
-            while not driver.receive():
-                pass
-            if not driver.rounds:
-                driver.on_round(-1)
-                return
-            driver.send_round()
+        if done and not driver.next_round():
+            return
 
 
 def floor_tls(served: list[socket.socket], driver: Driver) -> None:
@@ -329,13 +335,8 @@ def floor_tls(served: list[socket.socket], driver: Driver) -> None:
             except ssl.SSLWantReadError:
                 pass
             sock.send(outgoing.read())  # a short send never happens at this size
-        if done:
-            while not driver.receive():
-                pass
-            if not driver.rounds:
-                driver.on_round(-1)
-                return
-            driver.send_round()
+        if done and not driver.next_round():
+            return
 
 
 def run(loop_name: str, size: int | str, rounds: int,

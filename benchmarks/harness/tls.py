@@ -39,16 +39,21 @@ def ensure() -> Path:
     folder = os.environ.get(ENV)
     if folder and (Path(folder) / SERVER_FILE).is_file():
         return Path(folder)
-    import trustme  # the test extra; imported here: the plaintext workloads do not need it
-
     made = Path(tempfile.mkdtemp(prefix="benchmarks-tls-"))
     atexit.register(shutil.rmtree, made, True)
-    ca = trustme.CA(key_type=trustme.KeyType.RSA)  # RSA-2048
-    cert = ca.issue_cert(HOSTNAME, "127.0.0.1", key_type=trustme.KeyType.RSA)
-    ca.cert_pem.write_to_path(str(made / CA_FILE))
-    cert.private_key_and_cert_chain_pem.write_to_path(str(made / SERVER_FILE))
+    make(made)
     os.environ[ENV] = str(made)
     return made
+
+
+def make(folder: Path) -> None:
+    """Write a CA and a server certificate it signs, RSA-2048, to *folder*."""
+    import trustme  # the bench extra; imported here: the plaintext workloads do not need it
+
+    ca = trustme.CA(key_type=trustme.KeyType.RSA)  # RSA-2048
+    cert = ca.issue_cert(HOSTNAME, "127.0.0.1", key_type=trustme.KeyType.RSA)
+    ca.cert_pem.write_to_path(str(folder / CA_FILE))
+    cert.private_key_and_cert_chain_pem.write_to_path(str(folder / SERVER_FILE))
 
 
 def missing() -> str | None:

@@ -126,27 +126,22 @@ class _Floor:
         self.conns.pop(fd).close()
 
 
-class PlainFloor(_Floor):
-    """``floor``: recv_into one buffer, send from it."""
+class _BytesFloor(_Floor):
+    """A floor whose short send keeps the bytes not sent (plaintext, or
+    records) and sends them when the socket is writable, input off."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.view = aligned_buffer()
         self.pending: dict[int, bytes] = {}
 
-    def readable(self, fd: int) -> None:
-        sock = self.conns[fd]
-        n = sock.recv_into(self.view)
-        if not n:
-            self.close(fd)
-            return
-        sent = sock.send(self.view[:n])
-        if sent < n:
-            self.pending[fd] = bytes(self.view[sent:n])
+    def send(self, fd: int, sock: socket.socket, data: memoryview | bytes) -> None:
+        sent = sock.send(data)
+        if sent < len(data):
+            self.pending[fd] = bytes(data[sent:])
             self.wait_writable(fd)
 
     def writable(self, fd: int) -> None:
-        rest = self.pending[fd]
+        rest = self.pending[fd]  # kept until sent: a send that raises loses nothing
         sent = self.conns[fd].send(rest)
         if sent < len(rest):
             self.pending[fd] = rest[sent:]
@@ -159,7 +154,23 @@ class PlainFloor(_Floor):
         self.pending.pop(fd, None)
 
 
-class BioFloor(_Floor):
+class PlainFloor(_BytesFloor):
+    """``floor``: recv_into one buffer, send from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.view = aligned_buffer()
+
+    def readable(self, fd: int) -> None:
+        sock = self.conns[fd]
+        n = sock.recv_into(self.view)
+        if not n:
+            self.close(fd)
+            return
+        self.send(fd, sock, self.view[:n])
+
+
+class BioFloor(_BytesFloor):
     """``floor-tls-bio``: an SSLObject and two memory BIOs per connection."""
 
     def __init__(self) -> None:
@@ -168,7 +179,6 @@ class BioFloor(_Floor):
         self.cipher = aligned_buffer()  # ciphertext in
         self.plain = aligned_buffer()  # plaintext out of the SSLObject
         self.tls: dict[int, tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]] = {}
-        self.pending: dict[int, bytes] = {}  # records a short send left
 
     def accepted(self, conn: socket.socket) -> socket.socket:
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -202,27 +212,12 @@ class BioFloor(_Floor):
         self.flush(fd, sock, outgoing)
 
     def flush(self, fd: int, sock: socket.socket, outgoing: ssl.MemoryBIO) -> None:
-        if not outgoing.pending:
-            return
-        records = outgoing.read()
-        sent = sock.send(records)
-        if sent < len(records):
-            self.pending[fd] = records[sent:]
-            self.wait_writable(fd)
-
-    def writable(self, fd: int) -> None:
-        rest = self.pending[fd]
-        sent = self.conns[fd].send(rest)
-        if sent < len(rest):
-            self.pending[fd] = rest[sent:]
-        else:
-            del self.pending[fd]
-            self.wait_readable(fd)
+        if outgoing.pending:
+            self.send(fd, sock, outgoing.read())
 
     def close(self, fd: int) -> None:
         super().close(fd)
         self.tls.pop(fd, None)
-        self.pending.pop(fd, None)
 
 
 class SocketFloor(_Floor):
