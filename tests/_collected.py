@@ -268,7 +268,7 @@ def run(loop_factory: Callable[[], asyncio.AbstractEventLoop], scenario: str,
 
 if __name__ == "__main__":
     sys.path.insert(0, ".")
-    from benchmarks.loops import factory
+    from benchmarks.harness.loops import factory
 
     name = sys.argv[1]
     print(json.dumps({f"{scenario} {kind}": run(factory(name), scenario, kind).as_dict()

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -758,6 +759,38 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert not tls_names & {w.name for w in runner.select(None, full=False)}
 
 
+def _tls_exchange(conn: Any, payload: bytes, deadline: float) -> bytearray:
+    """Send *payload* on non-blocking TLS socket *conn* while reading the
+    echo, in one thread; what came back."""
+    import selectors
+    import ssl
+
+    conn.setblocking(False)
+    sent = 0
+    got = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        while len(got) < len(payload):
+            assert time.monotonic() < deadline, f"{len(got)} of {len(payload)} bytes back"
+            if sent == len(payload):
+                sel.modify(conn, selectors.EVENT_READ)
+            if not conn.pending():
+                sel.select(1)
+            if sent < len(payload):
+                try:
+                    sent += conn.send(payload[sent:sent + (1 << 16)])
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    pass
+            try:
+                chunk = conn.recv(1 << 20)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                continue
+            assert chunk, "the floor closed the connection"
+            got += chunk
+    conn.setblocking(True)
+    return got
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("floor_name", ["floor-tls-bio", "floor-tls-socket"])
 def test_tls_floor_echoes_every_byte_through_short_sends(floor_name: str,
@@ -767,7 +800,6 @@ def test_tls_floor_echoes_every_byte_through_short_sends(floor_name: str,
     and it must keep the rest, or the bytes differ; then a close_notify is
     answered with one."""
     import socket
-    import threading
 
     from benchmarks.harness import tls
 
@@ -782,17 +814,12 @@ def test_tls_floor_echoes_every_byte_through_short_sends(floor_name: str,
             payload = os.urandom(4 << 20)
             raw = socket.create_connection(("127.0.0.1", listening["listening"]))
             with tls.client_context().wrap_socket(raw, server_hostname=tls.HOSTNAME) as conn:
-                conn.settimeout(30)
                 assert conn.version() == "TLSv1.3"
-                sender = threading.Thread(target=conn.sendall, args=(payload,))
-                sender.start()
-                got = bytearray()
-                while len(got) < len(payload):
-                    chunk = conn.recv(1 << 20)
-                    assert chunk, "the floor closed the connection"
-                    got += chunk
-                sender.join()
+                # One thread sends and receives: OpenSSL does not allow an
+                # SSL_read and an SSL_write on one connection at once.
+                got = _tls_exchange(conn, payload, deadline=time.monotonic() + 30)
                 assert bytes(got) == payload
+                conn.settimeout(30)
                 conn.unwrap()  # our close_notify, then theirs: no timeout
             proc.stdin.close()
             assert proc.wait(timeout=10) == 0

@@ -17,10 +17,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import _collected
 import pytest
 
-import _collected
-from conftest import LOOP_FACTORIES, RELAXED_SETTINGS, Recorder, run
+from conftest import Recorder, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ async def _served_transport(loop: Any) -> tuple[Any, Any, Recorder, list[Any], A
         return protocols[-1]
 
     server = await loop.create_server(factory, "127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+    _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
     while not protocols or protocols[0].transport is None:
         await asyncio.sleep(0.001)
     protocol = protocols[0]
