@@ -336,7 +336,7 @@ def _cleanup(pids: list[int], procs: list[subprocess.Popen[str]]) -> Iterator[No
 def run_once(loop: str, *, workers: int, concurrency: int, mode: str,
              duration: float, warmup: float = 0.5,
              placement: str = "pinned") -> dict[str, object]:
-    """One measurement of *loop* (a name from ``benchmarks.loops.SPECS``),
+    """One measurement of *loop* (a name from ``benchmarks.harness.loops.SPECS``),
     *mode* one of ``MODES``, *placement* one of ``PLACEMENTS``.
 
     Returns ``{"metrics": {...}, "per_worker": {"connections": [...],
