@@ -644,7 +644,7 @@ def test_balanced_gates_converge_after_48_idle_rests() -> None:
 
 def gate(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> _accept.BalancedGate:
     """The balanced listener's cooldown state."""
-    listener = loop._shared.serving.listeners[server.sockets[0].fileno()]
+    listener = loop._serving.listeners[server.sockets[0].fileno()]
     assert isinstance(listener, _accept.BalancedListener)
     return listener.gate
 
@@ -653,7 +653,7 @@ def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> floa
     """The loop time at which the listener's rest ends, None when it is not
     resting.  (Compared with times read around the iteration that scheduled
     it, not with now: a slow machine may be past a 0.3 ms rest already.)"""
-    listener = loop._shared.serving.listeners[server.sockets[0].fileno()]
+    listener = loop._serving.listeners[server.sockets[0].fileno()]
     if listener.state is not _accept.ListenerState.RESTING:
         return None
     return float(listener.timer.when())
@@ -661,7 +661,7 @@ def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> floa
 
 def end_rest(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
     """End the listener's rest now: its timer's callback, run once."""
-    handle = loop._shared.serving.listeners[server.sockets[0].fileno()].timer
+    handle = loop._serving.listeners[server.sockets[0].fileno()].timer
     callback, args = handle._callback, handle._args
     handle.cancel()
     callback(*args)
@@ -715,12 +715,12 @@ def test_balanced_stop_serving_cancels_the_rest(
                 break
         assert rest_end(loop, server) is not None
         fd = server.sockets[0].fileno()
-        listener = loop._shared.serving.listeners[fd]
+        listener = loop._serving.listeners[fd]
         handle = listener.timer
         served.stop(loop, server)
         assert handle.cancelled() and listener.timer is None
         assert listener.state is _accept.ListenerState.STOPPED
-        assert fd not in loop._shared.serving.listeners
+        assert fd not in loop._serving.listeners
     finally:
         loop.close()
 
@@ -969,7 +969,7 @@ def test_balanced_emfile_backs_off_once(
         assert len(loop._transports) == ok  # what was accepted is served
         resumes = [
             h for h in loop._scheduled
-            if not h.cancelled() and h._callback == loop._shared.serving.resume
+            if not h.cancelled() and h._callback == loop._serving.resume
         ]
         assert len(resumes) == 1
         resumes[0].cancel()

@@ -1,7 +1,8 @@
 """The folders show the architecture: bottom modules know nothing of asyncio.
 
-_config, _stats and _poller are state machines tested without sockets or a
-loop (h11 style); only _loop binds them; examples and benchmarks use the
+_config, _stats, _interest and _writes are state machines tested without
+sockets or a loop (h11 style), _poller and _accept with sockets only; only
+_loop binds them; examples and benchmarks use the
 public namespace only.  Read with ast, so a new import that breaks the
 layering fails here.
 """
@@ -20,16 +21,22 @@ PACKAGE = ROOT / "asyncio_relaxed"
 ALLOWED = {
     "_config": set(),
     "_stats": set(),
-    "_poller": {"_stats"},
+    "_interest": set(),
+    "_backends": set(),
+    "_poller": {"_backends", "_interest", "_stats"},
     "_writes": {"_stats"},
+    "_sockets": set(),
+    "_shared": {"_config", "_sockets", "_stats", "_writes"},
     "_accept": {"_config"},
     "_compat": set(),
-    "_transport": {"_compat", "_config", "_stats", "_writes"},
-    "_serving": {"_accept", "_compat", "_config", "_stats", "_transport"},
+    "_basetransport": {"_compat", "_shared"},
+    "_transport": {"_basetransport", "_compat", "_shared", "_sockets", "_writes"},
+    "_serving": {"_accept", "_compat", "_config", "_shared", "_sockets", "_stats",
+                 "_transport"},
     "_health": set(),
     "_slow": {"_compat"},
-    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_serving", "_slow",
-              "_stats", "_transport"},
+    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_serving", "_shared",
+              "_slow", "_stats", "_transport"},
     "_policy": {"_compat", "_config", "_loop"},
     "__init__": {"_accept", "_compat", "_config", "_health", "_loop", "_policy", "_slow",
                  "_stats"},
@@ -37,7 +44,8 @@ ALLOWED = {
     "__main__": {"__init__", "_config"},
     "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
-BOTTOM = {"_config", "_stats", "_poller", "_writes", "_accept", "_health"}
+BOTTOM = {"_config", "_stats", "_interest", "_backends", "_poller", "_writes", "_sockets",
+          "_shared", "_accept", "_health"}
 
 
 def imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
