@@ -393,30 +393,34 @@ def test_redis_pipelines(loop: asyncio.AbstractEventLoop, redis_server: dict[str
 
 def test_redis_pubsub(loop: asyncio.AbstractEventLoop, redis_server: dict[str, Any]) -> None:
     channel = unique("news")
+    pattern = f"{channel}*"
     sent = [f"message {i} ".encode() + b"x" * (i * 100) for i in range(50)]
-    # Redis sends a channel's subscribers the message, then the matching patterns'.
-    expected = []
+    # The confirmations first (with the count of subscriptions), then for each
+    # message what a channel's subscribers get, then what the matching patterns'.
+    expected = [("subscribe", None, channel, 1), ("psubscribe", None, pattern, 2)]
     for data in sent:
-        expected += [("message", None, data), ("pmessage", f"{channel}*".encode(), data)]
+        expected += [("message", None, channel, data), ("pmessage", pattern, channel, data)]
+
+    def seen(message: dict[str, Any]) -> tuple[Any, ...]:
+        matched = message["pattern"] and message["pattern"].decode()
+        return message["type"], matched, message["channel"].decode(), message["data"]
 
     async def main() -> None:
         async with redis_client(redis_server) as r, redis_client(redis_server) as publisher:
-            pubsub = r.pubsub(ignore_subscribe_messages=True)
+            pubsub = r.pubsub()
             try:
                 await pubsub.subscribe(channel)
-                await pubsub.psubscribe(f"{channel}*")
-                receivers = [await publisher.publish(channel, data) for data in sent]
-                got = []
+                await pubsub.psubscribe(pattern)
                 async with contextlib.aclosing(pubsub.listen()) as messages:
-                    async for message in messages:
-                        assert message["channel"] == channel.encode()
-                        got.append((message["type"], message["pattern"], message["data"]))
-                        if len(got) == len(expected):
-                            break
+                    # Publish only once the server confirmed both subscriptions.
+                    got = [seen(await anext(messages)) for _ in range(2)]
+                    receivers = [await publisher.publish(channel, data) for data in sent]
+                    while len(got) < len(expected):
+                        got.append(seen(await anext(messages)))
                 assert got == expected
                 assert receivers == [2] * len(sent)  # one subscription, one pattern
                 await pubsub.unsubscribe(channel)
-                await pubsub.punsubscribe(f"{channel}*")
+                await pubsub.punsubscribe(pattern)
             finally:
                 await pubsub.aclose()
 
