@@ -285,16 +285,12 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 health.waited(waited)
         self._process_events(found)
 
-    def _timed_wait(self, timeout: float | None, rest: Any, before: int) -> Any:
-        """time_metrics: a stretch ends (the poll without waiting found
-        nothing, or every 32nd iteration); if the loop may wait, the wait,
-        timed as idle (see _health)."""
+    def _timed_wait(self, timeout: float | None) -> Any:
+        """time_metrics: the stretch ends, then the wait, timed as idle (see _health)."""
         health = self._health
         waited = health.stretch_end()
-        ready = self._ready
-        if timeout != 0 and not rest and len(ready) == before:
-            rest = self._selector.ready_readers(timeout, ready)
-            health.waited(waited)
+        rest = self._selector.ready_readers(timeout, self._ready)
+        health.waited(waited)
         return rest
 
     def _process_rest(self, event_list: list[tuple[int, Any, int]]) -> None:
@@ -379,14 +375,17 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         health = self._health
         if (type(selector).select is _POLLER_SELECT and not selector.replaced
                 and type(self)._process_events is _STOCK_PROCESS_EVENTS):
-            if health.timed:
+            if timeout == 0 or not health.timed:
+                rest = selector.ready_readers(timeout, ready)
+                if health.timed and not stats.iterations & _STRETCH_MASK:
+                    health.stretch_end()  # a loop that never waits
+            else:
+                # time_metrics and the loop may wait: a poll that does not
+                # wait first, then the timed wait only if it found nothing.
                 before = len(ready)
                 rest = selector.ready_readers(0, ready)
-                if ((timeout != 0 and not rest and len(ready) == before)
-                        or not stats.iterations & _STRETCH_MASK):
-                    rest = self._timed_wait(timeout, rest, before)
-            else:
-                rest = selector.ready_readers(timeout, ready)
+                if not rest and len(ready) == before:
+                    rest = self._timed_wait(timeout)
             if rest:
                 self._process_rest(rest)
         else:

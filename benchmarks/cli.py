@@ -47,14 +47,15 @@ def _ints(text: str) -> list[int]:
 
 
 def _size(text: str) -> int | str:
-    """A size of the count tools: bytes, or the tls or http workload."""
-    if text in (driver.HTTP, driver.TLS):
+    """A size of the count tools: bytes, or the tls, http or life workload."""
+    if text in (driver.HTTP, driver.TLS, driver.LIFE):
         return text
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, {driver.TLS} "
-                                         f"(1 KiB over TLS) or {driver.HTTP}") from None
+                                         f"(1 KiB over TLS), {driver.HTTP} or "
+                                         f"{driver.LIFE} (a connection's life)") from None
 
 
 def _sizes(text: str) -> list[int | str]:

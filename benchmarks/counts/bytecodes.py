@@ -126,8 +126,8 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
         why = loops.missing(name)
         if why:
             print(f"note: {name} skipped: {why}", file=sys.stderr)
-        elif name == driver.FLOOR and size == driver.HTTP:
-            print(f"note: {name} skipped: the http workload has no floor", file=sys.stderr)
+        elif name == driver.FLOOR and size in (driver.HTTP, driver.LIFE):
+            print(f"note: {name} skipped: the {size} workload has no floor", file=sys.stderr)
         elif loops.SPECS[name].kind not in ("asyncio", "relaxed", "floor"):
             print(f"note: {name} skipped: its loop is compiled code, which executes "
                   "no bytecode to count", file=sys.stderr)
@@ -146,7 +146,8 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
               "in the loop", file=sys.stderr, flush=True)
     (head, body), (fn_head, fn_body) = count_tables(result, top)
     line = "python -m benchmarks " + " ".join(command[1:])
-    label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3"}.get(
+    label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3",
+             driver.LIFE: "a connection's life (connect, 1 KiB echo, close)"}.get(
         str(size), f"{size} B echo")
     doc = {"started": started, "command": line, "python": sys.version, "size": size,
            "rounds": rounds, "pairs": driver.PAIRS,
@@ -170,7 +171,8 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
 
 def child_main(loop_name: str, size: str, rounds: str) -> None:
     """``--child LOOP SIZE ROUNDS``: count one run, print its JSON last."""
-    counted = count(loop_name, size if size in (driver.HTTP, driver.TLS) else int(size),
+    named = (driver.HTTP, driver.TLS, driver.LIFE)
+    counted = count(loop_name, size if size in named else int(size),
                     int(rounds))
     sys.stdout.flush()
     print(json.dumps(counted))

@@ -18,6 +18,12 @@ process, so both drive it in-process:
   bytes, over ``PAIRS`` keep-alive connections driven the same way (one
   request per connection per round, the next round once the handler has
   run for all of them and every response is back);
+* ``life``: a connection's life, per connection: ``PAIRS`` blocking client
+  sockets connect to a ``create_server`` echo on the loop under test and
+  send 1 KiB each; once every echo is written the driver reads them and
+  closes the clients, and the next round starts when the server has seen
+  ``connection_lost`` for all of them (accept, connection_made, one read,
+  one write, EOF, close);
 * the floors: the same driver around a minimal echo in pure Python
   (:func:`floor`: ``epoll.poll``, ``recv``, ``send``; :func:`floor_tls`: the
   same around an ``SSLObject`` with memory BIOs and reused buffers, as
@@ -45,9 +51,12 @@ from benchmarks.harness import checkout, loops, tls
 
 PAIRS = 10
 WARMUP_ROUNDS = 100
-#: The size tokens of the aiohttp workload and of the 1 KiB echo over TLS.
+#: The size tokens of the aiohttp workload, of the 1 KiB echo over TLS and
+#: of a connection's life.
 HTTP = "http"
 TLS = "tls"
+LIFE = "life"
+LIFE_SIZE = 1024
 TLS_SIZE = 1024
 HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
 FLOOR = "floor"
@@ -277,6 +286,92 @@ def http_child(loop_name: str, rounds: int,
     loop.close()
 
 
+class _LifeEcho(asyncio.Protocol):
+    """The server side of a connection's life: echo, then close on EOF."""
+
+    def __init__(self, life: _Life) -> None:
+        self.life = life
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.life.echoed(len(data))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.life.lost()
+
+
+class _Life:
+    """The client side of ``life``: a round is PAIRS connections."""
+
+    def __init__(self, loop: Any, rounds: int, on_round: Callable[[int], None]) -> None:
+        self.loop = loop
+        self.rounds = rounds
+        self.on_round = on_round
+        self.address: Any = None
+        self.message = os.urandom(LIFE_SIZE)
+        self.clients: list[socket.socket] = []
+        self.unechoed = self.open = 0
+        self.finished = loop.create_future()
+
+    def next_round(self) -> None:
+        if not self.rounds:
+            self.on_round(-1)
+            self.finished.set_result(None)
+            return
+        self.rounds -= 1
+        self.on_round(self.rounds)
+        self.unechoed = LIFE_SIZE * PAIRS
+        self.open = PAIRS
+        self.clients = []
+        for _ in range(PAIRS):
+            client = socket.socket()
+            client.connect(self.address)  # loopback: done once the listener queues it
+            client.sendall(self.message)
+            self.clients.append(client)
+
+    def echoed(self, nbytes: int) -> None:
+        self.unechoed -= nbytes
+        if not self.unechoed:
+            self.loop.call_soon(self.close_clients)
+
+    def close_clients(self) -> None:
+        for client in self.clients:
+            got = 0
+            while got < LIFE_SIZE:
+                got += len(client.recv(LIFE_SIZE))
+            client.close()
+
+    def lost(self) -> None:
+        self.open -= 1
+        if not self.open:
+            self.loop.call_soon(self.next_round)
+
+
+def life_child(loop_name: str, rounds: int,
+               on_round: Callable[[int], None] | None = None) -> None:
+    """The ``life`` run: PAIRS connections per round, each connect, 1 KiB
+    echo, close."""
+    print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
+    loop = loops.factory(loop_name)()
+    life = _Life(loop, WARMUP_ROUNDS + rounds, on_round or _no_hook)
+
+    async def main() -> None:
+        server = await loop.create_server(lambda: _LifeEcho(life), "127.0.0.1", 0,
+                                          backlog=4 * PAIRS)
+        life.address = server.sockets[0].getsockname()
+        life.next_round()
+        await life.finished
+        server.close()
+        await server.wait_closed()
+
+    loop.run_until_complete(main())
+    loop.close()
+
+
 def floor(served: list[socket.socket], driver: Driver) -> None:
     """The least a Python echo executes: poll, recv, send; same driver."""
     epoll = select.epoll()
@@ -341,8 +436,10 @@ def floor_tls(served: list[socket.socket], driver: Driver) -> None:
 
 def run(loop_name: str, size: int | str, rounds: int,
         on_round: Callable[[int], None] | None = None) -> None:
-    """The workload of *size* (bytes, TLS or HTTP) on *loop_name*."""
+    """The workload of *size* (bytes, TLS, HTTP or LIFE) on *loop_name*."""
     if size == HTTP:
         http_child(loop_name, rounds, on_round)
+    elif size == LIFE:
+        life_child(loop_name, rounds, on_round)
     else:
         child(loop_name, size, rounds, on_round)

@@ -30,6 +30,11 @@ back).  It has no floor row (there is no minimal aiohttp): read it against
 stock and uvloop, where aiohttp's own Python code is the same for every
 loop and the difference is the loop's share.
 
+The ``life`` column (``--sizes ...,life``) is a connection's life, per
+connection: connect, a 1 KiB echo, close (benchmarks.counts.driver), with
+the accept, the transport's making and its end in it.  Like ``http`` it has
+no floor row: read it against stock.
+
 The ``tls`` column (``--sizes ...,tls``) is the 1 KiB echo over TLS 1.3
 (an RSA-2048 certificate, benchmarks.harness.tls, made once by the parent):
 what each loop's TLS stack (stock's sslproto, uvloop's, ours) executes per
@@ -47,7 +52,7 @@ own Python code shows.
 Run::
 
     python -m benchmarks instructions [--loops asyncio,uvloop,relaxed-eager]
-        [--sizes 1024,102400,http,tls] [--baseline DIR]
+        [--sizes 1024,102400,http,tls,life] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
 command says so and exits.  A child run (``--child``) is what valgrind runs.
@@ -66,7 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.counts import driver
-from benchmarks.counts.driver import FLOOR, HTTP, PAIRS, TLS, WARMUP_ROUNDS
+from benchmarks.counts.driver import FLOOR, HTTP, LIFE, PAIRS, TLS, WARMUP_ROUNDS
 from benchmarks.harness import checkout, loops, processes, results, tables, tls
 
 #: The two run lengths whose difference is measured: 5,000 requests apart
@@ -76,6 +81,8 @@ LOW_ROUNDS = 100
 HIGH_ROUNDS = 600
 DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-deferred")
 DEFAULT_SIZES = (1024, 100 * 1024)
+#: The sizes without a floor row.
+NO_FLOOR = (HTTP, LIFE)
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
@@ -112,9 +119,11 @@ def per_request(low: int, high: int, low_rounds: int = LOW_ROUNDS,
 
 def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
             progress: Callable[[str], None]) -> dict[str, dict[str, float]]:
-    """{loop: {size: instructions per request}}, the floor included (not for http)."""
+    """{loop: {size: instructions per request}}, the floor included (not for
+    http and life, which have none)."""
     tasks = [(name, size, rounds) for name in (FLOOR, *loop_names) for size in sizes
-             for rounds in (LOW_ROUNDS, HIGH_ROUNDS) if not (name == FLOOR and size == HTTP)]
+             for rounds in (LOW_ROUNDS, HIGH_ROUNDS)
+             if not (name == FLOOR and size in NO_FLOOR)]
 
     def one(task: tuple[str, int | str, int]) -> tuple[tuple[str, int | str, int], int]:
         name, size, rounds = task
@@ -135,12 +144,15 @@ def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
 def table(result: dict[str, dict[str, float]],
           sizes: Sequence[int | str]) -> tuple[list[str], list[list[str]]]:
     """The header and rows: instructions per request, above the floor, ratio
-    to stock (for http, which has no floor: instructions and their ratio to
-    stock)."""
+    to stock (for http and life, which have no floor: instructions and their
+    ratio to stock)."""
     head = ["loop"]
     for size in sizes:
         if size == HTTP:
             head += ["aiohttp hello: instr/req", "vs asyncio"]
+            continue
+        if size == LIFE:
+            head += ["a connection's life: instr/conn", "vs asyncio"]
             continue
         if size == TLS:
             label = f"TLS {driver.TLS_SIZE // 1024} KiB"
@@ -154,7 +166,7 @@ def table(result: dict[str, dict[str, float]],
         cells = [name]
         for size in sizes:
             key = str(size)
-            if size == HTTP:
+            if size in NO_FLOOR:
                 if name == FLOOR:
                     cells += ["—", "—"]
                 else:
@@ -174,7 +186,7 @@ def table(result: dict[str, dict[str, float]],
 
 def child_main(loop_name: str, size: str, rounds: str) -> None:
     """What valgrind runs (``--child LOOP SIZE ROUNDS``): one echo or http run."""
-    driver.run(loop_name, size if size in (HTTP, TLS) else int(size), int(rounds))
+    driver.run(loop_name, size if size in (HTTP, TLS, LIFE) else int(size), int(rounds))
 
 
 def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path | None,
