@@ -90,6 +90,7 @@ This module knows nothing of asyncio; the loop binds it.
 
 from __future__ import annotations
 
+import _socket
 import dataclasses
 import enum
 import errno
@@ -114,6 +115,12 @@ __all__ = [
     "accept_queue_length",
     "listener_class",
 ]
+
+# socket.socket.accept() without its Python frame and enum members: the C
+# accept (the descriptor and the address) and the C attributes.
+_C_ACCEPT = getattr(_socket.socket, "_accept", None)
+_FAMILY = _socket.socket.family
+_TYPE = _socket.socket.type
 
 #: accept() errors that mean "out of a resource", not "this connection failed":
 #: the listener backs off instead of spinning on an fd that stays ready.
@@ -233,7 +240,12 @@ class Listener:
         "backlog",
         "context",
         "failing",
+        "family",
         "host",
+        "inherits",
+        "kind",
+        "plain",
+        "proto",
         "protocol_factory",
         "queue_length",
         "queue_length_max",
@@ -279,6 +291,17 @@ class Listener:
         self.queue_length_max: int | None = None
         self.rests = 0
         self.rest_seconds = 0.0
+        # A plain socket.socket is accepted from without socket.accept(),
+        # which reads the family and type as enum members per call: its
+        # C accept and the three numbers, read once.
+        self.plain = type(sock) is socket.socket and _C_ACCEPT is not None
+        if self.plain:
+            self.family, self.kind, self.proto = _FAMILY.__get__(sock), _TYPE.__get__(sock), \
+                sock.proto
+        # Whether its connections inherit TCP_NODELAY and the keepalive
+        # options set on it (its host decides: Linux copies them from a TCP
+        # listener).
+        self.inherits = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} fd={self.sock.fileno()} {self.state.value}>"
@@ -309,7 +332,11 @@ class Listener:
         stats = self.stats
         stats.accept += 1
         try:
-            conn, addr = self.sock.accept()
+            if self.plain:
+                fd, addr = _C_ACCEPT(self.sock)  # type: ignore[misc]
+                conn = socket.socket(self.family, self.kind, self.proto, fd)
+            else:
+                conn, addr = self.sock.accept()
             conn.setblocking(False)
         except (BlockingIOError, InterruptedError):
             stats.accept_eagain += 1

@@ -58,6 +58,7 @@ __all__ = [
     "format_callback_source",
     "format_handle",
     "loop_logger",
+    "new_handle",
     "run",
     "server_active_count",
     "server_attach",
@@ -176,6 +177,23 @@ def call_soon(self: Any, callback: Any, *args: Any, context: Any = None) -> Any:
     handle._repr = None
     handle._source_traceback = None
     self._ready.append(handle)
+    return handle
+
+
+def new_handle(loop: Any, callback: Any, args: tuple[Any, ...], context: Any) -> Any:
+    """``events.Handle(callback, args, loop, context)``, made as call_soon
+    makes one: without Handle.__init__'s frame outside debug mode (where
+    stock records the traceback of the caller) while Handle is stock's."""
+    if loop._debug or events.Handle is not Handle:
+        return events.Handle(callback, args, loop, context)
+    handle = _new_object(Handle)
+    handle._context = _copy_context() if context is None else context
+    handle._loop = loop
+    handle._callback = callback
+    handle._args = args
+    handle._cancelled = False
+    handle._repr = None
+    handle._source_traceback = None
     return handle
 
 

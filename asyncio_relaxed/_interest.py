@@ -121,7 +121,16 @@ class InterestTable:
 
     def set_applied(self, fd: int, mask: int) -> None:
         """The kernel now holds *mask* for *fd* (0: nothing)."""
-        self._store(fd, (self.state(fd) & ~APPLIED) | mask << APPLIED_SHIFT)
+        states = self.states
+        registered = fd in self.data
+        state = states.get(fd)
+        if state is None:
+            state = COMMON if registered else 0
+        state = (state & ~APPLIED) | mask << APPLIED_SHIFT
+        if state == (COMMON if registered else 0):  # _store, written out: per connection
+            states.pop(fd, None)
+        else:
+            states[fd] = state
 
     def owned(self, fd: int) -> bool:
         return bool(self.state(fd) & OWNED)
@@ -137,9 +146,13 @@ class InterestTable:
 
     def register(self, fd: int, events: int, data: Any) -> Registration:
         """Register *fd* (not registered) for *events* with *data*."""
-        state = self.states.get(fd, 0) | events  # not registered: no entry means 0
+        states = self.states
+        state = states.get(fd, 0) | events  # not registered: no entry means 0
         self.data[fd] = data
-        self._store(fd, state)
+        if state == COMMON:  # _store, written out: per connection
+            states.pop(fd, None)
+        else:
+            states[fd] = state
         applied = (state & APPLIED) >> APPLIED_SHIFT
         if state & OWNED and applied:
             # Removed earlier (this iteration, or lazily kept since) and the
@@ -170,9 +183,14 @@ class InterestTable:
         :attr:`Change.REMOVE` if the kernel must drop it now (not owned), or
         :attr:`Change.NONE` (nothing held, or the removal waits for the
         flush: the owner releases before closing)."""
-        state = self.state(fd)
+        states = self.states
+        state = states.get(fd, COMMON)  # registered
         data = self.data.pop(fd)
-        self._store(fd, state & ~(WANTED | EXCLUSIVE))
+        left = state & ~(WANTED | EXCLUSIVE)
+        if left:  # _store, written out (not registered now): per connection
+            states[fd] = left
+        else:
+            states.pop(fd, None)
         if state & OWNED and state & APPLIED:
             self.dirty.add(fd)
             return state & WANTED, data, Change.NONE

@@ -30,7 +30,7 @@ from . import _compat, _slow
 from ._accept import ListenerStatistics
 from ._config import Config, resolve
 from ._health import Health, HealthSnapshot
-from ._poller import DeferredSelector, default_backend
+from ._poller import MISSING, DeferredSelector, default_backend
 from ._serving import Serving
 from ._shared import TransportShared
 from ._stats import Counters, LoopStatistics
@@ -40,6 +40,10 @@ __all__ = ["Loop"]
 
 _STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
 _STOCK_PROCESS_EVENTS = _compat.STOCK_PROCESS_EVENTS
+_STOCK_ADD_READER = _compat.SelectorEventLoop._add_reader
+_STOCK_ADD_WRITER = _compat.SelectorEventLoop._add_writer
+_STOCK_REMOVE_READER = _compat.SelectorEventLoop._remove_reader
+_STOCK_REMOVE_WRITER = _compat.SelectorEventLoop._remove_writer
 # Attributes whose replacement on a loop may change how it polls (_route_changed).
 _ROUTE_NAMES = frozenset({"_process_events", "_selector"})
 _monotonic = time.monotonic
@@ -161,6 +165,60 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             selector.replaced -= {"_process_events"}
         else:
             selector.replaced |= {"_process_events"}
+
+    # -- readers and writers: stock's, on the poller without SelectorKeys ------
+
+    if _compat.PY315:
+        def _add_reader(self, fd: Any, callback: Any, *args: Any, context: Any = None) -> Any:
+            return self._set_callback(fd, 0, callback, args, context)
+
+        def _add_writer(self, fd: Any, callback: Any, *args: Any, context: Any = None) -> Any:
+            return self._set_callback(fd, 1, callback, args, context)
+    else:
+        def _add_reader(self, fd: Any, callback: Any, *args: Any) -> Any:  # type: ignore[misc]
+            return self._set_callback(fd, 0, callback, args, None)
+
+        def _add_writer(self, fd: Any, callback: Any, *args: Any) -> Any:  # type: ignore[misc]
+            return self._set_callback(fd, 1, callback, args, None)
+
+    def _remove_reader(self, fd: Any) -> bool:
+        return self._clear_callback(fd, 0)
+
+    def _remove_writer(self, fd: Any) -> bool:
+        return self._clear_callback(fd, 1)
+
+    def _set_callback(self, fd: Any, which: int, callback: Any, args: tuple[Any, ...],
+                      context: Any) -> Any:
+        """Stock's _add_reader (*which* 0) or _add_writer (1): a new handle
+        in that slot of the fd's (reader, writer), the one it replaces
+        cancelled.  A selector that is not our poller, or one whose methods
+        were replaced on the instance, gets stock's calls."""
+        selector = self._selector
+        if type(selector) is not DeferredSelector or selector.replaced:
+            stock = _STOCK_ADD_WRITER if which else _STOCK_ADD_READER
+            if _compat.PY315:
+                return stock(self, fd, callback, *args, context=context)
+            return stock(self, fd, callback, *args)
+        self._check_closed()
+        handle = _compat.new_handle(self, callback, args, context)
+        replaced = selector.set_callback(fd, which, handle)
+        if replaced is not None:
+            replaced.cancel()
+        return handle
+
+    def _clear_callback(self, fd: Any, which: int) -> bool:
+        """Stock's _remove_reader (*which* 0) or _remove_writer (1): whether
+        there was a handle to remove (it is cancelled)."""
+        selector = self._selector
+        if type(selector) is not DeferredSelector or selector.replaced:
+            return bool((_STOCK_REMOVE_WRITER if which else _STOCK_REMOVE_READER)(self, fd))
+        if self.is_closed():
+            return False
+        removed = selector.clear_callback(fd, which)
+        if removed is None or removed is MISSING:
+            return False
+        removed.cancel()
+        return True
 
     def _flush_failed(self, transport: Any, exc: BaseException) -> None:
         """A queued transport's send let an exception through: reported as

@@ -105,20 +105,32 @@ from ._backends import (
     default_backend,
     kernel_to_mask,
 )
-from ._interest import BOTH, COMMON, WANTED, Change, InterestTable, Registration
+from ._interest import (
+    APPLIED,
+    BOTH,
+    COMMON,
+    EXCLUSIVE,
+    WANTED,
+    Change,
+    InterestTable,
+    Registration,
+)
 from ._stats import Counters
 
-__all__ = ["EVENT_READ", "EVENT_WRITE", "DeferredSelector", "EpollBackend", "SelectorBackend",
-           "default_backend"]
+__all__ = ["EVENT_READ", "EVENT_WRITE", "MISSING", "DeferredSelector", "EpollBackend",
+           "SelectorBackend", "default_backend"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _MISSING: Any = object()
+#: What clear_callback() returns for an fd that is not registered.
+MISSING = _MISSING
 # The methods whose replacement on an instance takes the loop off the
 # poller's own route (see DeferredSelector.replaced).
-_SELECTOR_METHODS = frozenset({"select", "ready", "ready_readers"})
+_SELECTOR_METHODS = frozenset({"select", "ready", "ready_readers", "register", "modify",
+                               "unregister", "get_key", "get_map"})
 _new_key = tuple.__new__  # SelectorKey without its Python-level __new__
 
 
@@ -273,7 +285,9 @@ class DeferredSelector(selectors.BaseSelector):
         self._table.own(fd)
 
     def release(self, fd: int) -> None:
-        """*fd* is about to be closed: apply its pending change now."""
+        """The owner is done with *fd* (it will close it, and read no more):
+        its pending change goes to the kernel now, and changes are no longer
+        deferred."""
         change = self._table.release(fd)
         if change is not Change.NONE:
             self._send(fd, change)
@@ -342,14 +356,62 @@ class DeferredSelector(selectors.BaseSelector):
         fd = self._lookup(fileobj)
         if fd not in self._data:
             raise KeyError(f"{fileobj!r} is not registered")
+        fileobj = self._fileobjs.get(fd, fd)
+        events, data = self._unregister(fd)
+        return _new_key(SelectorKey, (fileobj, fd, events, data))
+
+    def _unregister(self, fd: int) -> tuple[int, Any]:
+        """Unregister *fd* (registered): its wanted mask and its data."""
         events, data, change = self._table.unregister(fd)
-        key = _new_key(SelectorKey, (self._fileobjs.pop(fd, fd), fd, events, data))
+        if self._fileobjs:
+            self._fileobjs.pop(fd, None)
         if fd in self._always_ready:
             self._always_ready.discard(fd)
             self._table.dirty.discard(fd)
         elif change is Change.REMOVE:
             self._remove_now(fd)
-        return key
+        return events, data
+
+    # -- the selector loop's readers and writers ------------------------------
+
+    def set_callback(self, fileobj: Any, which: int, handle: Any) -> Any:
+        """The selector loop's add_reader (*which* 0) and add_writer (1): its
+        data is a (reader, writer) pair; *handle* takes slot *which*, the fd
+        registered or its mask widened.  Returns the handle it replaced, or
+        None.  What stock's _add_reader/_add_writer do through get_map(),
+        register() and modify(), without a SelectorKey."""
+        fd = self._lookup(fileobj)
+        data = self._data.get(fd, _MISSING)
+        if data is _MISSING:
+            self.register(fileobj, EVENT_WRITE if which else EVENT_READ,
+                          (None, handle) if which else (handle, None))
+            return None
+        reader, writer = data
+        events = self._state.get(fd, COMMON) & WANTED
+        if which:
+            self._table.modify(fd, events | EVENT_WRITE, (reader, handle))
+            return writer
+        self._table.modify(fd, events | EVENT_READ, (handle, writer))
+        return reader
+
+    def clear_callback(self, fileobj: Any, which: int) -> Any:
+        """The selector loop's remove_reader (*which* 0) and remove_writer
+        (1): slot *which* of *fd*'s (reader, writer) emptied, the fd
+        unregistered when neither is left.  Returns the handle removed; None
+        where there was none, or _MISSING where *fileobj* is not registered."""
+        fd = self._lookup(fileobj)
+        data = self._data.get(fd, _MISSING)
+        if data is _MISSING:
+            return _MISSING
+        reader, writer = data
+        events = self._state.get(fd, COMMON) & WANTED & ~(EVENT_WRITE if which else EVENT_READ)
+        if not events:
+            self._unregister(fd)
+        elif which:
+            self._table.modify(fd, events, (reader, None))
+        else:
+            self._table.modify(fd, events, (None, writer))
+        return writer if which else reader
 
     def _send(self, fd: int, change: Change) -> None:
         """Make the kernel hold *fd*'s wanted mask (Change.APPLY) or nothing
@@ -373,15 +435,16 @@ class DeferredSelector(selectors.BaseSelector):
         stats = self.stats
         backend = self._backend
         table = self._table
-        if table.exclusive(fd):
-            if table.applied(fd):
+        state = table.state(fd)
+        if state & EXCLUSIVE:
+            if state & APPLIED:
                 self._remove_now(fd)
             stats.epoll_ctl_add += 1
             backend.add(fd, mask, exclusive=True)
             table.set_applied(fd, mask)
             return
         try:
-            if table.applied(fd):
+            if state & APPLIED:
                 try:
                     stats.epoll_ctl_mod += 1
                     backend.modify(fd, mask)

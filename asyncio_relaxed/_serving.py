@@ -92,8 +92,10 @@ class Serving:
 
     def make(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any, server: Any,
              backlog: int, timeouts: tuple[Any, Any], context: Any) -> Listener:
-        return self.listener_class(self, protocol_factory, sock, sslcontext, server, backlog,
-                                   timeouts, context if _compat.PY315 else None)
+        listener = self.listener_class(self, protocol_factory, sock, sslcontext, server,
+                                       backlog, timeouts, context if _compat.PY315 else None)
+        listener.inherits = ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock)
+        return listener
 
     # -- what a Listener asks ---------------------------------------------------
 
@@ -176,7 +178,7 @@ class Serving:
             protocol = listener.protocol_factory()
             transport = SocketTransport(
                 self.loop, conn, protocol, None, extra, listener.server, shared=self.shared,
-                inherited_options=ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(conn),
+                inherited_options=listener.inherits,
                 context=context,
             )
         except (SystemExit, KeyboardInterrupt):

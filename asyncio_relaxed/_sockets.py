@@ -42,10 +42,10 @@ def is_tcp(sock: socket.socket) -> bool:
     leaves it 0)."""
     if isinstance(sock, _socket.socket):
         family, kind = _FAMILY.__get__(sock), _TYPE.__get__(sock)
-    else:  # a wrapper (gunicorn's listeners) that passes attributes on
-        family, kind = sock.family, sock.type
+    else:  # a wrapper (gunicorn's listeners) that passes attributes on, or not a socket
+        family, kind = getattr(sock, "family", None), getattr(sock, "type", None)
     return (family in _TCP_FAMILIES and kind == socket.SOCK_STREAM
-            and sock.proto in (0, socket.IPPROTO_TCP))
+            and getattr(sock, "proto", None) in (0, socket.IPPROTO_TCP))
 
 
 def set_options(sock: socket.socket, options: list[tuple[int, int, int]]) -> None:

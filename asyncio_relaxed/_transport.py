@@ -51,6 +51,7 @@ Error texts and the exception-handler contexts are stock asyncio's
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 from typing import Any
 
@@ -61,6 +62,8 @@ from ._sockets import HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
 from ._writes import IDLE
 
 __all__ = ["SMALL_READ", "SocketTransport"]
+
+_copy_context = contextvars.copy_context
 
 # The write buffer of a transport that never had to buffer (see __init__).
 _NO_BUFFER: Any = ()
@@ -144,11 +147,35 @@ class SocketTransport(TransportBase):
             _compat.set_nodelay(sock)
             if shared.tcp_sockopts and is_tcp(sock):
                 set_options(sock, shared.tcp_sockopts)
-        self._call_soon(self._protocol.connection_made, self)
-        # Start reading only once connection_made() has run.
-        self._call_soon(self._start_reading)
+        if loop._debug:
+            # Two handles, stock's: debug mode times and names each.
+            self._call_soon(self._protocol.connection_made, self)
+            self._call_soon(self._start_reading)
+        else:
+            self._call_soon(self._connection_made)
         if waiter is not None:
             self._call_soon(_compat.set_result_unless_cancelled, waiter, None)
+
+    def _connection_made(self) -> None:
+        """connection_made(), then reading starts (only once it has run):
+        stock's two handles in one, an exception reported as the first
+        handle's would be.  Each of stock's handles runs in a copy of the
+        context that scheduled it, so what connection_made() sets is not
+        what the reader (made from the second) sees: it runs in a copy here
+        too, unless the transport has a context of its own (3.15's server
+        connections, whose callbacks all share it)."""
+        try:
+            if self._context is None:
+                _copy_context().run(self._protocol.connection_made, self)
+            else:
+                self._protocol.connection_made(self)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            loop = self._loop
+            handle = _compat.new_handle(loop, self._protocol.connection_made, (self,), None)
+            loop._callback_failed(handle, exc)
+        self._start_reading()
 
     # -- protocol and reading state ------------------------------------------
 
@@ -633,6 +660,7 @@ class SocketTransport(TransportBase):
             return
         self._closing = True
         self._unwatch_read()
+        self._release_fd()  # never read again: the removal goes out now, not lazily
         if not self._buffer:
             self._conn_lost += 1
             self._lost()
@@ -669,6 +697,7 @@ class SocketTransport(TransportBase):
         if not self._closing:
             self._closing = True
             self._unwatch_read()
+            self._release_fd()
         self._conn_lost += 1
         self._lost()
         self._call_soon(self._call_connection_lost, exc)
@@ -681,7 +710,7 @@ class SocketTransport(TransportBase):
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
-            self._release_fd()
+            # close() or _force_close() released the fd: nothing is deferred.
             self._sock.close()  # type: ignore[union-attr]
             self._sock = None
             self._protocol = None
