@@ -431,9 +431,7 @@ class BatchListener(Listener):
 
     strategy = AcceptStrategy.BATCH
     __slots__ = ()
-
-    def ready(self) -> None:
-        self.take_queued()
+    ready = Listener.take_queued  # type: ignore[assignment]
 
 
 class SingleListener(Listener):
@@ -442,9 +440,7 @@ class SingleListener(Listener):
 
     strategy = AcceptStrategy.SINGLE
     __slots__ = ()
-
-    def ready(self) -> None:
-        self.accept_one()
+    ready = Listener.accept_one  # type: ignore[assignment]
 
 
 class RelaxedListener(Listener):

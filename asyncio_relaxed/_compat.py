@@ -58,7 +58,6 @@ __all__ = [
     "format_callback_source",
     "format_handle",
     "loop_logger",
-    "new_handle",
     "run",
     "server_active_count",
     "server_attach",
@@ -124,20 +123,18 @@ set_result_unless_cancelled: Any = _futures._set_result_unless_cancelled
 # against; each fast path asks the predicate named here before it takes the
 # shortcut, and takes stock's way otherwise.
 
-#: asyncio.events, whose ``Handle`` the loop looks up per call as stock does
-#: (a test or a library may replace it).
-Handle: Any = events.Handle
-
-#: Handle._run as this Python defines it.  A handle runs without this frame
-#: only while its class is Handle or TimerHandle and their _run is still this
-#: one: instrumentation that replaces it (aiodebug's slow-callback logging)
-#: must keep seeing every call, and 3.14's ``_ThreadSafeHandle``
-#: (call_soon_threadsafe) overrides it to hold the lock a cross-thread
-#: cancel() waits on.
-STOCK_HANDLE_RUN: Any = events.Handle._run
-
-#: TimerHandle, which runs Handle._run too.
-TimerHandle: Any = events.TimerHandle
+#: asyncio's Handle and TimerHandle as imported (the loop looks
+#: ``events.Handle`` up per call as stock does: a test or a library may
+#: replace it), and Handle._run as this Python defines it, which TimerHandle
+#: inherits.  A handle runs without that frame only while its class is one
+#: of the two and its _run is still this one: instrumentation that replaces
+#: it (aiodebug's slow-callback logging) must keep seeing every call, and
+#: 3.14's ``_ThreadSafeHandle`` (call_soon_threadsafe) overrides it to hold
+#: the lock a cross-thread cancel() waits on.
+Handle: Any
+TimerHandle: Any
+STOCK_HANDLE_RUN: Any
+Handle, TimerHandle, STOCK_HANDLE_RUN = events.Handle, events.TimerHandle, events.Handle._run
 
 # Handle.__init__'s fields, identical in every version above; call_soon below
 # sets them itself.
@@ -177,23 +174,6 @@ def call_soon(self: Any, callback: Any, *args: Any, context: Any = None) -> Any:
     handle._repr = None
     handle._source_traceback = None
     self._ready.append(handle)
-    return handle
-
-
-def new_handle(loop: Any, callback: Any, args: tuple[Any, ...], context: Any) -> Any:
-    """``events.Handle(callback, args, loop, context)``, made as call_soon
-    makes one: without Handle.__init__'s frame outside debug mode (where
-    stock records the traceback of the caller) while Handle is stock's."""
-    if loop._debug or events.Handle is not Handle:
-        return events.Handle(callback, args, loop, context)
-    handle = _new_object(Handle)
-    handle._context = _copy_context() if context is None else context
-    handle._loop = loop
-    handle._callback = callback
-    handle._args = args
-    handle._cancelled = False
-    handle._repr = None
-    handle._source_traceback = None
     return handle
 
 

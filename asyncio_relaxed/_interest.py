@@ -45,11 +45,10 @@ This module knows nothing of asyncio or of the kernel.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-__all__ = ["APPLIED", "APPLIED_SHIFT", "BOTH", "COMMON", "EXCLUSIVE", "OWNED", "READ", "WANTED",
-           "WRITE", "Change", "InterestTable", "Registration"]
+__all__ = ["APPLIED", "APPLIED_SHIFT", "APPLY", "BOTH", "COMMON", "EXCLUSIVE", "NOTHING", "OWNED",
+           "READ", "REMOVE", "WANTED", "WRITE", "InterestTable"]
 
 READ = 1  # selectors.EVENT_READ
 WRITE = 2  # selectors.EVENT_WRITE
@@ -62,23 +61,11 @@ EXCLUSIVE = 32
 COMMON = READ | READ << APPLIED_SHIFT | OWNED
 
 
-class Registration(enum.Enum):
-    """What a new registration needs from the kernel."""
-
-    #: Tell the kernel now (it holds nothing for the fd, or may hold another file).
-    APPLY = "apply"
-    #: The kernel holds this very file: the difference, if any, waits for the flush.
-    DEFERRED = "deferred"
-
-
-class Change(enum.Enum):
-    """What a flush, a release or an unwanted event sends for one fd."""
-
-    NONE = "none"
-    #: Register or modify to the wanted mask.
-    APPLY = "apply"
-    #: Remove the fd from the kernel.
-    REMOVE = "remove"
+# What a change, a release or an unwanted event needs from the kernel for
+# one fd (the poller makes the call):
+NOTHING = 0
+APPLY = 1  # register or modify to the wanted mask
+REMOVE = 2  # remove the fd from the kernel
 
 
 class InterestTable:
@@ -144,8 +131,10 @@ class InterestTable:
 
     # -- changes ------------------------------------------------------------
 
-    def register(self, fd: int, events: int, data: Any) -> Registration:
-        """Register *fd* (not registered) for *events* with *data*."""
+    def register(self, fd: int, events: int, data: Any) -> bool:
+        """Register *fd* (not registered) for *events* with *data*: whether
+        the kernel must be told now (it holds nothing for the fd, or may hold
+        another file), else any difference waits for the flush."""
         states = self.states
         state = states.get(fd, 0) | events  # not registered: no entry means 0
         self.data[fd] = data
@@ -161,8 +150,8 @@ class InterestTable:
                 self.dirty.discard(fd)
             else:
                 self.dirty.add(fd)
-            return Registration.DEFERRED
-        return Registration.APPLY
+            return False
+        return True
 
     def forget(self, fd: int) -> None:
         """Undo :meth:`register` after the kernel refused it."""
@@ -178,10 +167,10 @@ class InterestTable:
             self.dirty.add(fd)
             self._store(fd, (state & ~WANTED) | events)
 
-    def unregister(self, fd: int) -> tuple[int, Any, Change]:
+    def unregister(self, fd: int) -> tuple[int, Any, int]:
         """Unregister *fd* (registered): its wanted mask, its data, and
-        :attr:`Change.REMOVE` if the kernel must drop it now (not owned), or
-        :attr:`Change.NONE` (nothing held, or the removal waits for the
+        :data:`REMOVE` if the kernel must drop it now (not owned), or
+        :data:`NOTHING` (nothing held, or the removal waits for the
         flush: the owner releases before closing)."""
         states = self.states
         state = states.get(fd, COMMON)  # registered
@@ -193,15 +182,15 @@ class InterestTable:
             states.pop(fd, None)
         if state & OWNED and state & APPLIED:
             self.dirty.add(fd)
-            return state & WANTED, data, Change.NONE
+            return state & WANTED, data, NOTHING
         self.dirty.discard(fd)
-        return state & WANTED, data, Change.REMOVE if state & APPLIED else Change.NONE
+        return state & WANTED, data, REMOVE if state & APPLIED else NOTHING
 
     def own(self, fd: int) -> None:
         """The caller promises to release *fd* before closing it."""
         self._store(fd, self.state(fd) | OWNED)
 
-    def release(self, fd: int) -> Change:
+    def release(self, fd: int) -> int:
         """*fd* is about to be closed: what the kernel must be told now,
         while the fd is open (a lazily kept reading interest included: a
         duplicate of the file could keep the registration alive where no
@@ -211,7 +200,7 @@ class InterestTable:
         self.dirty.discard(fd)
         if state & APPLIED:
             return self._needed(fd, state, lazy=False)
-        return Change.NONE
+        return NOTHING
 
     def take_dirty(self) -> set[int]:
         """The fds whose change may be due, leaving none dirty."""
@@ -219,7 +208,7 @@ class InterestTable:
         self.dirty = set()
         return dirty
 
-    def change(self, fd: int, lazy: bool) -> Change:
+    def change(self, fd: int, lazy: bool) -> int:
         """What to send for *fd* to make the kernel hold its wanted mask.
 
         With *lazy* (the flush), dropping only reading interest from an
@@ -229,11 +218,11 @@ class InterestTable:
         return self._needed(fd, self.state(fd), lazy)
 
     @staticmethod
-    def _needed(fd: int, state: int, lazy: bool) -> Change:
+    def _needed(fd: int, state: int, lazy: bool) -> int:
         wanted = state & WANTED
         applied = (state & APPLIED) >> APPLIED_SHIFT
         if wanted == applied:
-            return Change.NONE
+            return NOTHING
         if (
             lazy
             and not wanted & ~applied  # nothing to add
@@ -241,10 +230,10 @@ class InterestTable:
             and state & OWNED
             and not state & EXCLUSIVE  # a change would be DEL + ADD anyway
         ):
-            return Change.NONE
-        return Change.APPLY if wanted else Change.REMOVE
+            return NOTHING
+        return APPLY if wanted else REMOVE
 
-    def unwanted(self, fd: int) -> Change | None:
+    def unwanted(self, fd: int) -> int | None:
         """The kernel reported a direction nobody wants on *fd*: the change
         to send now, or None for a stray (an fd nobody registered, or one
         whose registration the kernel should no longer hold)."""
@@ -258,7 +247,7 @@ class InterestTable:
             return None
         # An error or hang-up woke both directions of a registered fd whose
         # kernel mask is what is wanted: nothing to change.
-        return Change.NONE
+        return NOTHING
 
     def reset_applied(self) -> set[int]:
         """The kernel holds nothing any more (a new epoll set): every

@@ -65,6 +65,22 @@ _POLLER_SELECT = DeferredSelector.select
 _STRETCH_MASK = 31
 
 
+def _serving_arguments(
+    protocol_factory: Any,
+    sock: socket.socket,
+    sslcontext: Any = None,
+    server: Any = None,
+    backlog: int = 100,
+    ssl_handshake_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[0],
+    ssl_shutdown_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[1],
+    context: Any = None,
+) -> tuple[Any, ...]:
+    """Stock's _start_serving and _accept_connection arguments as Serving
+    takes them."""
+    return (protocol_factory, sock, sslcontext, server, backlog,
+            (ssl_handshake_timeout, ssl_shutdown_timeout), context)
+
+
 class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     """A drop-in asyncio event loop; see the package docs for the options.
 
@@ -200,7 +216,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 return stock(self, fd, callback, *args, context=context)
             return stock(self, fd, callback, *args)
         self._check_closed()
-        handle = _compat.new_handle(self, callback, args, context)
+        handle = _compat.events.Handle(callback, args, self, context)
         replaced = selector.set_callback(fd, which, handle)
         if replaced is not None:
             replaced.cancel()
@@ -289,36 +305,16 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
     # -- accept: the hooks stock calls (see _serving) ---------------------------
 
-    def _start_serving(
-        self,
-        protocol_factory: Any,
-        sock: socket.socket,
-        sslcontext: Any = None,
-        server: Any = None,
-        backlog: int = 100,
-        ssl_handshake_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[0],
-        ssl_shutdown_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[1],
-        context: Any = None,
-    ) -> None:
-        """Serve *sock*; ``context`` is 3.15's (the server's, gh-140947)."""
-        self._serving.start(protocol_factory, sock, sslcontext, server, backlog,
-                            (ssl_handshake_timeout, ssl_shutdown_timeout), context)
+    def _start_serving(self, *args: Any, **kwargs: Any) -> None:
+        """Serve *sock* (stock's arguments; ``context`` is 3.15's, the
+        server's: gh-140947)."""
+        self._serving.start(*_serving_arguments(*args, **kwargs))
 
-    def _accept_connection(
-        self,
-        protocol_factory: Any,
-        sock: socket.socket,
-        sslcontext: Any = None,
-        server: Any = None,
-        backlog: int = 100,
-        ssl_handshake_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[0],
-        ssl_shutdown_timeout: Any = _compat.DEFAULT_SSL_TIMEOUTS[1],
-        context: Any = None,
-    ) -> None:
+    def _accept_connection(self, *args: Any, **kwargs: Any) -> None:
         """One readiness event of a listener, by the accept strategy (the
-        loop's own reader is its Listener's ready(); this is for callers)."""
-        self._serving.accept_now(protocol_factory, sock, sslcontext, server, backlog,
-                                 (ssl_handshake_timeout, ssl_shutdown_timeout), context)
+        loop's own reader is its Listener's ready(); this is for callers),
+        called with _start_serving's arguments."""
+        self._serving.accept_now(*_serving_arguments(*args, **kwargs))
 
     def _stop_serving(self, sock: socket.socket) -> None:
         self._serving.stop(sock)

@@ -107,13 +107,14 @@ from ._backends import (
 )
 from ._interest import (
     APPLIED,
+    APPLY,
     BOTH,
     COMMON,
     EXCLUSIVE,
+    NOTHING,
+    REMOVE,
     WANTED,
-    Change,
     InterestTable,
-    Registration,
 )
 from ._stats import Counters
 
@@ -289,7 +290,7 @@ class DeferredSelector(selectors.BaseSelector):
         its pending change goes to the kernel now, and changes are no longer
         deferred."""
         change = self._table.release(fd)
-        if change is not Change.NONE:
+        if change != NOTHING:
             self._send(fd, change)
 
     def exclusive(self, fd: int) -> None:
@@ -321,7 +322,7 @@ class DeferredSelector(selectors.BaseSelector):
         if table.applied(fd) != table.wanted(fd):
             return False
         self._remove_now(fd)
-        self._send(fd, Change.APPLY)  # the ADD; errors as for any deferred change
+        self._send(fd, APPLY)  # the ADD; errors as for any deferred change
         return True
 
     # -- changes --------------------------------------------------------
@@ -334,7 +335,7 @@ class DeferredSelector(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         if fileobj is not fd:
             self._fileobjs[fd] = fileobj
-        if self._table.register(fd, events, data) is Registration.APPLY:
+        if self._table.register(fd, events, data):
             try:
                 self._apply(fd, events)
             except BaseException:
@@ -368,7 +369,7 @@ class DeferredSelector(selectors.BaseSelector):
         if fd in self._always_ready:
             self._always_ready.discard(fd)
             self._table.dirty.discard(fd)
-        elif change is Change.REMOVE:
+        elif change == REMOVE:
             self._remove_now(fd)
         return events, data
 
@@ -413,13 +414,13 @@ class DeferredSelector(selectors.BaseSelector):
             self._table.modify(fd, events, (None, writer))
         return writer if which else reader
 
-    def _send(self, fd: int, change: Change) -> None:
-        """Make the kernel hold *fd*'s wanted mask (Change.APPLY) or nothing
-        (Change.REMOVE).  A closed fd (EBADF) has nothing to wait on (edge
+    def _send(self, fd: int, change: int) -> None:
+        """Make the kernel hold *fd*'s wanted mask (APPLY) or nothing
+        (REMOVE).  A closed fd (EBADF) has nothing to wait on (edge
         3); any other refusal is real but must not surface in an unrelated
         caller: it goes to on_error."""
         try:
-            if change is Change.REMOVE:
+            if change == REMOVE:
                 self._remove_now(fd)
             else:
                 self._apply(fd, self._table.wanted(fd))
@@ -443,22 +444,18 @@ class DeferredSelector(selectors.BaseSelector):
             backend.add(fd, mask, exclusive=True)
             table.set_applied(fd, mask)
             return
+        # What the kernel holds decides the call; if it guessed wrong, the
+        # number names another file than the kernel's (edge 2): the other call.
+        wrong: type[OSError]
+        if state & APPLIED:
+            first, then, wrong = self._modify, self._add, FileNotFoundError
+        else:
+            first, then, wrong = self._add, self._modify, FileExistsError
         try:
-            if state & APPLIED:
-                try:
-                    stats.epoll_ctl_mod += 1
-                    backend.modify(fd, mask)
-                except FileNotFoundError:
-                    # The old file was closed and the number reused (edge 2).
-                    stats.epoll_ctl_add += 1
-                    backend.add(fd, mask)
-            else:
-                try:
-                    stats.epoll_ctl_add += 1
-                    backend.add(fd, mask)
-                except FileExistsError:
-                    stats.epoll_ctl_mod += 1
-                    backend.modify(fd, mask)
+            try:
+                first(fd, mask)
+            except wrong:
+                then(fd, mask)
         except PermissionError:
             # epoll refuses files that are always ready (edge 5).
             table.set_applied(fd, 0)
@@ -470,7 +467,18 @@ class DeferredSelector(selectors.BaseSelector):
             raise
         table.set_applied(fd, mask)
 
-    def _remove_now(self, fd: int) -> None:
+    def _add(self, fd: int, mask: int) -> None:
+        self.stats.epoll_ctl_add += 1
+        self._backend.add(fd, mask)
+
+    def _modify(self, fd: int, mask: int) -> None:
+        self.stats.epoll_ctl_mod += 1
+        self._backend.modify(fd, mask)
+
+    def _remove_now(self, fd: int) -> bool:
+        """Remove *fd* from the kernel: False if the kernel held nothing
+        under that number (ENOENT or EBADF: closed, edge 3); any other
+        refusal raises."""
         self._table.set_applied(fd, 0)
         self.stats.epoll_ctl_del += 1
         try:
@@ -478,6 +486,8 @@ class DeferredSelector(selectors.BaseSelector):
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.EBADF):
                 raise
+            return False
+        return True
 
     def flush(self) -> None:
         """Send the net interest change of every dirty fd to the kernel."""
@@ -489,7 +499,7 @@ class DeferredSelector(selectors.BaseSelector):
             if fd in always_ready:
                 continue
             change = table.change(fd, lazy=True)
-            if change is not Change.NONE:
+            if change != NOTHING:
                 self._send(fd, change)
 
     # -- waiting ---------------------------------------------------------
@@ -627,19 +637,17 @@ class DeferredSelector(selectors.BaseSelector):
         change = self._table.unwanted(fd)
         if change is None:
             self._stray(fd)
-        elif change is Change.APPLY:
+        elif change == APPLY:
             self._send(fd, change)
-        elif change is Change.REMOVE:
-            self._table.set_applied(fd, 0)
-            self.stats.epoll_ctl_del += 1
+        elif change == REMOVE:
             try:
-                self._backend.remove(fd)
+                removed = self._remove_now(fd)
             except OSError as exc:
-                if exc.errno not in (errno.ENOENT, errno.EBADF):
-                    if self.on_error is None:
-                        raise
-                    self.on_error(fd, exc)
-                elif isinstance(self._backend, EpollBackend):
+                if self.on_error is None:
+                    raise
+                self.on_error(fd, exc)
+            else:
+                if not removed and isinstance(self._backend, EpollBackend):
                     # The owner broke its promise and closed the fd while a
                     # duplicate keeps the registration alive: epoll reports
                     # it under a number we cannot remove (edges 1 and 4).

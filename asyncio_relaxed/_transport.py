@@ -68,6 +68,13 @@ _copy_context = contextvars.copy_context
 # The write buffer of a transport that never had to buffer (see __init__).
 _NO_BUFFER: Any = ()
 
+# A BufferedProtocol read's failures, by the step that failed (stock's texts).
+_BUFFERED_FAILED = {
+    "get_buffer": "Fatal error: protocol.get_buffer() call failed.",
+    "recv": "Fatal read error on socket transport",
+    "buffer_updated": "Fatal error: protocol.buffer_updated() call failed.",
+}
+
 # write()'s TypeError, in each version's words.
 _WRITE_TYPE_ERROR = (
     "data argument must be a bytes, bytearray, or memoryview object, not {!r}"
@@ -173,7 +180,7 @@ class SocketTransport(TransportBase):
             raise
         except BaseException as exc:
             loop = self._loop
-            handle = _compat.new_handle(loop, self._protocol.connection_made, (self,), None)
+            handle = _compat.events.Handle(self._protocol.connection_made, (self,), loop, None)
             loop._callback_failed(handle, exc)
         self._start_reading()
 
@@ -302,38 +309,35 @@ class SocketTransport(TransportBase):
             self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
 
     def _read_ready__get_buffer(self) -> None:
+        """A BufferedProtocol's read: recv_into its own buffer.  Its three
+        steps' failures are stock's (_SelectorSocketTransport), each fatal."""
         if self._conn_lost:
             return
+        protocol = self._protocol
+        step = "get_buffer"
         try:
-            buf = self._protocol.get_buffer(-1)
+            buf = protocol.get_buffer(-1)
             if not len(buf):
                 raise RuntimeError("get_buffer() returned an empty buffer")
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
-            return
-        stats = self._shared.stats
-        stats.recv += 1
-        try:
+            step = "recv"
+            self._shared.stats.recv += 1
             nbytes = self._sock.recv_into(buf)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            stats.recv_eagain += 1
+            if nbytes:
+                step = "buffer_updated"
+                protocol.buffer_updated(nbytes)
+                return
+        except (BlockingIOError, InterruptedError) as exc:
+            if step == "recv":
+                self._shared.stats.recv_eagain += 1
+            else:
+                self._fatal_error(exc, _BUFFERED_FAILED[step])
             return
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            self._fatal_error(exc, "Fatal read error on socket transport")
+            self._fatal_error(exc, _BUFFERED_FAILED[step])
             return
-        if not nbytes:
-            self._read_ready__on_eof()
-            return
-        try:
-            self._protocol.buffer_updated(nbytes)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
+        self._read_ready__on_eof()
 
     def _read_ready__on_eof(self) -> None:
         if self._loop.get_debug():
