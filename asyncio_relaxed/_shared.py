@@ -31,11 +31,9 @@ class TransportShared(WriteQueue):
     __slots__ = ("config", "poller", "read_buffer", "read_size", "read_view", "small_read",
                  "tcp_sockopts")
 
-    def __init__(self, config: Config, stats: Counters, poller: Any, send: Any,
-                 contexts: bool) -> None:
+    def __init__(self, config: Config, stats: Counters, poller: Any, contexts: bool) -> None:
         super().__init__(
             stats,
-            send,
             deferred=config.write is WriteMode.DEFERRED,
             feed=config.partial_write is PartialWrite.FEED,
             feed_limit=config.feed_limit,

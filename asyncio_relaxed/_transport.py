@@ -154,8 +154,13 @@ class SocketTransport(TransportBase):
             _compat.set_nodelay(sock)
             if shared.tcp_sockopts and is_tcp(sock):
                 set_options(sock, shared.tcp_sockopts)
-        if loop._debug:
-            # Two handles, stock's: debug mode times and names each.
+        self._schedule_start(waiter)
+
+    def _schedule_start(self, waiter: Any) -> None:
+        """connection_made(), then reading, then *waiter*'s result, each in
+        a handle of its own as stock schedules them (connection_made and
+        reading in one outside debug mode, which times and names each)."""
+        if self._loop._debug:
             self._call_soon(self._protocol.connection_made, self)
             self._call_soon(self._start_reading)
         else:

@@ -57,8 +57,9 @@ a row, then polls: with a peer that reads slowly, feeding alone would keep
 the loop from ever blocking.
 
 What the queue asks of a transport: ``_write_state``, ``_feeds`` (feed
-retries in a row), ``_watch_write()`` / ``_unwatch_write()`` (EPOLLOUT on
-and off) and, on 3.15, ``_context``: a transport made with a context (a
+retries in a row), ``_write_now()`` (its send, on a transport set IDLE),
+``_watch_write()`` / ``_unwatch_write()`` (EPOLLOUT on and off) and, on
+3.15, ``_context``: a transport made with a context (a
 server's connections, gh-140947) has its send run there, so a
 resume_writing() or a connection_lost() it triggers sees the connection's
 context variables.
@@ -85,15 +86,11 @@ class WriteQueue:
     transitions between the write states."""
 
     __slots__ = ("contexts", "deferred", "feed", "feed_limit", "feeding", "on_error", "pending",
-                 "send", "stats")
+                 "stats")
 
-    def __init__(self, stats: Counters, send: Callable[[Any], None], *, deferred: bool,
-                 feed: bool, feed_limit: int, contexts: bool = False) -> None:
+    def __init__(self, stats: Counters, *, deferred: bool, feed: bool, feed_limit: int,
+                 contexts: bool = False) -> None:
         self.stats = stats
-        #: The transports' send, called as send(transport) on one that is
-        #: QUEUED, after it is set IDLE (the class's function: no method
-        #: lookup per transport).
-        self.send = send
         #: Whether transports may carry a context to send in (3.15).
         self.contexts = contexts
         #: Told of an exception a transport's send let through (a protocol's
@@ -157,15 +154,14 @@ class WriteQueue:
             queue += self.feeding
             self.feeding = []
         contexts = self.contexts
-        send = self.send
         for transport in queue:
             if transport._write_state == QUEUED:
                 transport._write_state = IDLE
                 try:
                     if not contexts or transport._context is None:
-                        send(transport)
+                        transport._write_now()
                     else:
-                        transport._context.run(send, transport)
+                        transport._context.run(transport._write_now)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:

@@ -19,11 +19,18 @@ class Fake:
 
     _context: Any = None
 
-    def __init__(self, name: str, log: list[str]) -> None:
+    def __init__(self, name: str, log: list[str], send: Any = None) -> None:
         self.name = name
         self.log = log
         self._write_state = IDLE
         self._feeds = 0
+        self.send = send
+
+    def _write_now(self) -> None:
+        if self.send is not None:
+            self.send(self)
+        else:
+            self.log.append(f"send {self.name} {self._write_state}")
 
     def _watch_write(self) -> None:
         self.log.append(f"watch {self.name}")
@@ -33,11 +40,8 @@ class Fake:
 
 
 def queue_of(log: list[str], **settings: Any) -> _writes.WriteQueue:
-    def send(transport: Fake) -> None:
-        log.append(f"send {transport.name} {transport._write_state}")
-
     options = {"deferred": True, "feed": True, "feed_limit": 2, **settings}
-    return _writes.WriteQueue(Counters(), send, **options)
+    return _writes.WriteQueue(Counters(), **options)
 
 
 def test_flush_sends_each_queued_transport_once_in_order_and_idle() -> None:
@@ -133,14 +137,14 @@ def test_a_send_that_raises_is_reported_and_the_flush_goes_on() -> None:
             raise ZeroDivisionError("from connection_lost")
         log.append(transport.name)
 
-    queue = _writes.WriteQueue(Counters(), send, deferred=True, feed=False, feed_limit=1)
+    queue = _writes.WriteQueue(Counters(), deferred=True, feed=False, feed_limit=1)
     queue.on_error = lambda transport, exc: reported.append((transport.name, exc))
     for name in ("a", "b"):
-        queue.queue(Fake(name, log))
+        queue.queue(Fake(name, log, send))
     queue.flush(include_feeds=True)
     assert log == ["b"] and reported[0][0] == "a"
     queue.on_error = None
-    queue.queue(Fake("a", log))
+    queue.queue(Fake("a", log, send))
     with pytest.raises(ZeroDivisionError):
         queue.flush(include_feeds=True)
 
@@ -155,9 +159,9 @@ def test_sends_run_in_the_transports_context_where_contexts_are_on() -> None:
     context = contextvars.copy_context()
     context.run(var.set, "the connection's")
     for contexts in (True, False):
-        queue = _writes.WriteQueue(Counters(), send, deferred=True, feed=False,
+        queue = _writes.WriteQueue(Counters(), deferred=True, feed=False,
                                    feed_limit=1, contexts=contexts)
-        transport = Fake("a", [])
+        transport = Fake("a", [], send)
         transport._context = context
         queue.queue(transport)
         queue.flush(include_feeds=True)
