@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from . import _compat
 from ._accept import ListenerStatistics
-from ._config import AcceptStrategy, Config, PartialWrite, Poller, WriteMode, resolve
+from ._config import AcceptStrategy, Config, PartialWrite, Poller, TlsMode, WriteMode, resolve
 from ._health import HealthSnapshot
 from ._loop import Loop
 from ._slow import SlowCallback
@@ -38,6 +38,7 @@ __all__ = [
     "PartialWrite",
     "Poller",
     "SlowCallback",
+    "TlsMode",
     "WriteMode",
     "install",
     "new_event_loop",

@@ -105,6 +105,10 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
     _protocol: Any  # None once connection_lost has run
+    # FlowControlMixin's slots, which mypy sees as Any.
+    _protocol_paused: bool
+    _high_water: int
+    _low_water: int
     if not _compat.PY315:
         # Where 3.15 keeps the context the transport's callbacks run in
         # (gh-140947); before 3.15 each callback runs in a copy of the

@@ -30,6 +30,8 @@ from typing import Any
 __all__ = [
     "ACCEPT_RETRY_DELAY",
     "DEFAULT_SSL_TIMEOUTS",
+    "FLOW_CONTROL_HIGH_WATER_SSL_READ",
+    "FLOW_CONTROL_HIGH_WATER_SSL_WRITE",
     "LOG_THRESHOLD_FOR_CONNLOST_WRITES",
     "MAXIMUM_SELECT_TIMEOUT",
     "MIN_CANCELLED_TIMER_HANDLES_FRACTION",
@@ -38,22 +40,30 @@ __all__ = [
     "PY314",
     "PY315",
     "PY316",
+    "SENDFILE_FALLBACK",
     "SENDFILE_TRY_NATIVE",
+    "SSL_AGAIN_ERRORS",
     "STOCK_GET_EXTRA_INFO",
     "STOCK_HANDLE_RUN",
     "STOCK_PROCESS_EVENTS",
+    "TLS_ABORT_PASSES_EXC",
+    "TLS_CLOSING_WITH_SOCKET",
     "TRANSPORT_EXTRA_SLOT",
+    "AppProtocolState",
     "FlowControlMixin",
     "Handle",
     "SSLProtocol",
+    "SSLProtocolState",
     "SelectorEventLoop",
     "SlotsWithDict",
     "TimerHandle",
     "TransportSocket",
     "base_default_policy",
     "call_soon",
+    "create_tls_context",
     "end_time",
     "events",
+    "flow_control_defaults",
     "format_call_graph",
     "format_callback_source",
     "format_handle",
@@ -64,6 +74,7 @@ __all__ = [
     "server_detach",
     "set_nodelay",
     "set_result_unless_cancelled",
+    "sslproto_logger",
     "transport_logger",
 ]
 
@@ -72,6 +83,7 @@ _base_events: Any = base_events
 _constants: Any = constants
 _futures: Any = futures
 _selector_events: Any = selector_events
+_sslproto: Any = sslproto
 
 PY312 = sys.version_info >= (3, 12)
 PY314 = sys.version_info >= (3, 14)
@@ -93,7 +105,33 @@ FlowControlMixin: Any = transports._FlowControlMixin
 
 TransportSocket: Any = trsock.TransportSocket
 SSLProtocol: Any = sslproto.SSLProtocol
+
+# -- TLS: what the loop's own TLS transport takes from stock's sslproto ------------
+#
+# Its states (their reprs are in stock's error texts), the errors after which
+# OpenSSL wants more data, the default context of ssl=True, the flow-control
+# defaults and marks, and two behaviours that changed: from 3.13 an abort
+# passes its exception to the socket's transport (_abort(exc)); from 3.14
+# the app transport is closing while the socket's is, and the shutdown
+# timeout runs until connection_lost.  Each is probed on stock's class, not
+# read off a version number: patch releases carry such fixes.
+SSLProtocolState: Any = sslproto.SSLProtocolState
+AppProtocolState: Any = sslproto.AppProtocolState
+SSL_AGAIN_ERRORS: tuple[type[BaseException], ...] = sslproto.SSLAgainErrors
+create_tls_context: Any = sslproto._create_transport_context
+flow_control_defaults: Any = sslproto.add_flowcontrol_defaults
+FLOW_CONTROL_HIGH_WATER_SSL_READ: int = _constants.FLOW_CONTROL_HIGH_WATER_SSL_READ
+FLOW_CONTROL_HIGH_WATER_SSL_WRITE: int = _constants.FLOW_CONTROL_HIGH_WATER_SSL_WRITE
+TLS_ABORT_PASSES_EXC = len(inspect.signature(sslproto.SSLProtocol._abort).parameters) > 1
+TLS_CLOSING_WITH_SOCKET = hasattr(sslproto.SSLProtocol, "_is_transport_closing")
+
+
+def sslproto_logger() -> logging.Logger:
+    """asyncio's logger as sslproto sees it now (tests patch it there)."""
+    return _sslproto.logger  # type: ignore[no-any-return]
+
 SENDFILE_TRY_NATIVE: Any = _constants._SendfileMode.TRY_NATIVE
+SENDFILE_FALLBACK: Any = _constants._SendfileMode.FALLBACK
 LOG_THRESHOLD_FOR_CONNLOST_WRITES: int = _constants.LOG_THRESHOLD_FOR_CONNLOST_WRITES
 ACCEPT_RETRY_DELAY: float = _constants.ACCEPT_RETRY_DELAY
 

@@ -27,6 +27,7 @@ __all__ = [
     "Config",
     "PartialWrite",
     "Poller",
+    "TlsMode",
     "WriteMode",
     "resolve",
 ]
@@ -85,6 +86,16 @@ class Poller(enum.StrEnum):
     EPOLL = "epoll"
     POLL = "poll"
     SELECT = "select"
+
+
+class TlsMode(enum.StrEnum):
+    """Which transport carries a TLS connection."""
+
+    #: The loop's own: one object per connection holds the socket, the
+    #: SSLObject and its memory BIOs (asyncio_relaxed/_tls.py).
+    OWN = "own"
+    #: Stock asyncio's SSLProtocol over the loop's socket transport.
+    STOCK = "stock"
 
 
 def _field(default: Any, *, unit: str, why: str) -> Any:
@@ -202,6 +213,17 @@ class Config:
             "report a callback that runs longer than this, with its task, through "
             "logging or loop.set_slow_callback_handler(), at most once a second; "
             "0 turns it off. Stock asyncio does it only in debug mode."
+        ),
+    )
+    tls: TlsMode = _field(
+        TlsMode.STOCK,
+        unit="mode",
+        why=(
+            "own carries TLS in one transport per connection (socket, "
+            "SSLObject, memory BIOs), reading into the loop's one buffer and "
+            "sending records with the loop's send path; stock uses asyncio's "
+            "SSLProtocol over the loop's socket transport, three objects per "
+            "connection. start_tls and TLS over TLS always go through stock's."
         ),
     )
     read_size: int = _field(
@@ -362,6 +384,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "poller": _parse_enum(Poller),
     "time_metrics": _parse_bool,
     "slow_callback": _parse_seconds("slow_callback"),
+    "tls": _parse_enum(TlsMode),
     "read_size": _parse_int("read_size"),
 }
 assert set(_PARSERS) == {f.name for f in dataclasses.fields(Config)}

@@ -28,12 +28,13 @@ from typing import Any
 
 from . import _compat, _slow
 from ._accept import ListenerStatistics
-from ._config import Config, resolve
+from ._config import Config, TlsMode, resolve
 from ._health import Health, HealthSnapshot
 from ._poller import MISSING, DeferredSelector, default_backend
 from ._serving import Serving
 from ._shared import TransportShared
 from ._stats import Counters, LoopStatistics
+from ._tls import TLSTransport
 from ._transport import SocketTransport
 
 __all__ = ["Loop"]
@@ -295,6 +296,10 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     ) -> Any:
         if _compat.PY314:
             self._ensure_fd_no_transport(rawsock)
+        if self._shared.config.tls is TlsMode.OWN and type(rawsock) is socket.socket:
+            return TLSTransport(self, rawsock, protocol, sslcontext, waiter, server_side,
+                                server_hostname, extra, server, shared=self._shared,
+                                context=context, **timeouts)
         ssl_protocol = _compat.SSLProtocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
         )

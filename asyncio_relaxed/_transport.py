@@ -225,7 +225,7 @@ class SocketTransport(TransportBase):
         return not self._closing and not self._paused
 
     def pause_reading(self) -> None:
-        if not self.is_reading():
+        if self._closing or self._paused:
             return
         self._paused = True
         # Only the wanted mask changes: the poller sends the kernel the net
@@ -244,7 +244,7 @@ class SocketTransport(TransportBase):
 
     def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
         """Stock's transport method (start_tls and tests call it)."""
-        if not self.is_reading():
+        if self._closing or self._paused:
             return
         if _compat.PY315:
             self._loop._add_reader(fd, callback, *args, context=self._context)
@@ -254,7 +254,7 @@ class SocketTransport(TransportBase):
     def _start_reading(self) -> None:
         # The reader is the protocol kind's own read method, not _read_ready:
         # one call less per read.  set_protocol() re-registers on a change.
-        if self.is_reading():
+        if not self._closing and not self._paused:
             self._watch_read(self._read_method(self._protocol))
 
     def get_write_buffer_size(self) -> int:
@@ -719,12 +719,16 @@ class SocketTransport(TransportBase):
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
-            # close() or _force_close() released the fd: nothing is deferred.
-            self._sock.close()  # type: ignore[union-attr]
-            self._sock = None
-            self._protocol = None
-            self._loop = None
-            self._detach_server()
-            waiter = self._empty_waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(ConnectionError("Connection is closed by peer"))
+            self._socket_lost()
+
+    def _socket_lost(self) -> None:
+        """The end: the socket closed, the transport out of its loop and server."""
+        # close() or _force_close() released the fd: nothing is deferred.
+        self._sock.close()  # type: ignore[union-attr]
+        self._sock = None
+        self._protocol = None
+        self._loop = None
+        self._detach_server()
+        waiter = self._empty_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError("Connection is closed by peer"))

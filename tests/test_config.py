@@ -21,6 +21,7 @@ from asyncio_relaxed._config import (
     Config,
     PartialWrite,
     Poller,
+    TlsMode,
     WriteMode,
     resolve,
 )
@@ -41,6 +42,7 @@ DEFAULTS = {
     "poller": Poller.AUTO,
     "time_metrics": True,
     "slow_callback": 0.0,
+    "tls": TlsMode.STOCK,
     "read_size": 256 * 1024,
 }
 
@@ -58,6 +60,7 @@ ENV_NAMES = {
     "poller": "ASYNCIO_RELAXED_POLLER",
     "time_metrics": "ASYNCIO_RELAXED_TIME_METRICS",
     "slow_callback": "ASYNCIO_RELAXED_SLOW_CALLBACK",
+    "tls": "ASYNCIO_RELAXED_TLS",
     "read_size": "ASYNCIO_RELAXED_READ_SIZE",
 }
 
@@ -76,6 +79,7 @@ NON_DEFAULT = {
     "poller": ("select", Poller.SELECT),
     "time_metrics": ("off", False),
     "slow_callback": ("0.25", 0.25),
+    "tls": ("own", TlsMode.OWN),
     "read_size": ("2048", 2048),
 }
 
@@ -93,6 +97,7 @@ ALLOWED = {
     "poller": "auto|epoll|poll|select",
     "time_metrics": "1|true|yes|on|0|false|no|off",
     "slow_callback": "a number of seconds from 0 to 3600 (0 turns it off)",
+    "tls": "own|stock",
     "read_size": "an integer from 1024 to 16777216",
 }
 
@@ -126,6 +131,7 @@ BAD_VALUES = [
     ("read_size", "64k"),
     ("read_size", "0x10000"),
     ("time_metrics", "sometimes"),
+    ("tls", "openssl"),
     ("slow_callback", "-0.1"),
     ("slow_callback", "3601"),
     ("slow_callback", "nan"),
@@ -390,6 +396,7 @@ def test_describe_has_a_row_per_field() -> None:
         "keepalive_count": "probes",
         "poller": "backend",
         "time_metrics": "flag",
+        "tls": "mode",
         "slow_callback": "seconds",
         "read_size": "bytes",
     }

@@ -1,0 +1,839 @@
+"""The loop's own TLS transport: one object per connection.
+
+Theory of operation
+===================
+
+Stock asyncio carries a TLS connection in three objects: the socket's
+transport, an ``SSLProtocol`` (the TLS state machine, with an ``SSLObject``
+and two memory BIOs) as that transport's protocol, and an
+``_SSLProtocolTransport`` that the application sees.  Every read goes
+transport -> SSLProtocol.get_buffer/buffer_updated -> SSLObject ->
+data_received, every write app transport -> SSLProtocol -> SSLObject ->
+the socket's transport.write, each hop with its own flow control, and each
+connection holds a 256 KiB receive buffer of its own besides the fresh
+256 KiB ``bytes`` each copied read allocates.
+
+:class:`TLSTransport` is all three: a :class:`~asyncio_relaxed._transport.SocketTransport`
+that owns the SSLObject and its BIOs and runs stock's state machine
+(``sslproto.SSLProtocol``'s, ported method by method, so its states, timeouts,
+error types and texts are stock's on every Python version):
+
+* *Reads.*  Ciphertext is read into the loop's one buffer
+  (``recv_into``) and written to the incoming BIO; decrypted data for a
+  plain Protocol is read back into the same buffer and handed over as one
+  exact-size ``bytes`` per readiness event (stock reads each record into a
+  fresh 256 KiB ``bytes``); a BufferedProtocol gets it in its own buffer.
+* *Writes.*  ``write()`` encrypts at once (the TLS records go to the
+  outgoing BIO) and the records go to the socket's send path as any write
+  would: sent from ``write()`` in eager mode, or queued for the end of the
+  iteration in deferred mode, where everything a callback wrote leaves as
+  one batch of records in one ``sendmsg``.  Data written before the
+  handshake waits in a backlog, as stock's does.
+* *Flow control* has stock's two levels.  The socket's buffer over its
+  marks (64 KiB, the socket transport's) pauses the TLS layer, whose
+  records then wait in the outgoing BIO (``pause_writing``/``resume_writing``,
+  also reachable as ``transport._ssl_protocol``, as code written for stock
+  reaches them); the application's marks (512 KiB and a quarter) count the
+  backlog and the outgoing BIO, as stock's do, and call the protocol's
+  ``pause_writing``/``resume_writing``.  Reading has stock's marks on the
+  incoming BIO (256 KiB).
+* *States*: UNWRAPPED -> DO_HANDSHAKE -> WRAPPED -> FLUSHING -> SHUTDOWN,
+  stock's ``SSLProtocolState``; ``close()`` flushes, sends close_notify and
+  waits ``ssl_shutdown_timeout`` for the peer's; a peer's close_notify is
+  EOF to the protocol; ``ssl_handshake_timeout`` aborts a handshake that
+  takes longer.  When the socket's transport would have called
+  ``SSLProtocol.connection_lost``, this transport runs the same steps and
+  schedules the protocol's ``connection_lost`` as stock does.
+
+What stock keeps on its own objects and code in the wild reads is here too:
+``get_extra_info`` (``sslcontext``, and after the handshake ``peercert``,
+``cipher``, ``compression``, ``ssl_object``, before the socket's keys),
+``_ssl_protocol`` (this object), ``_protocol_paused`` (the application's
+writing paused, read by loop.sendfile's fallback), ``_test__append_write_backlog``
+(stock's test hook), ``get_read_buffer_limits`` and its siblings.
+
+TLS over TLS (``start_tls`` on a TLS transport) and ``start_tls`` itself go
+through stock's SSLProtocol over this loop's transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from typing import Any
+
+from . import _compat
+from ._shared import TransportShared
+from ._transport import SocketTransport
+
+__all__ = ["TLSTransport"]
+
+_State = _compat.SSLProtocolState
+_UNWRAPPED = _State.UNWRAPPED
+_DO_HANDSHAKE = _State.DO_HANDSHAKE
+_WRAPPED = _State.WRAPPED
+_FLUSHING = _State.FLUSHING
+_SHUTDOWN = _State.SHUTDOWN
+_App = _compat.AppProtocolState
+_SSL_AGAIN = _compat.SSL_AGAIN_ERRORS
+#: The transitions SSLProtocol._set_state allows, besides any -> UNWRAPPED.
+_ALLOWED = {
+    (_UNWRAPPED, _DO_HANDSHAKE),
+    (_DO_HANDSHAKE, _WRAPPED),
+    (_WRAPPED, _FLUSHING),
+    (_FLUSHING, _SHUTDOWN),
+}
+#: get_extra_info's keys that the handshake adds (stock's SSLProtocol._extra).
+_HANDSHAKE_KEYS = ("peercert", "cipher", "compression", "ssl_object")
+#: A backlog of application data that never had to wait (see __init__).
+_NO_BACKLOG: Any = ()
+_IN_HIGH, _IN_LOW = _compat.flow_control_defaults(None, None,
+                                                  _compat.FLOW_CONTROL_HIGH_WATER_SSL_READ)
+_OUT_HIGH, _OUT_LOW = _compat.flow_control_defaults(None, None,
+                                                    _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
+
+
+class TLSTransport(SocketTransport):
+    """A TLS connection over a non-blocking socket: the socket's transport,
+    stock's SSLProtocol and the application's transport in one object."""
+
+    __slots__ = (
+        "_app_buffered",
+        "_app_high",
+        "_app_low",
+        "_app_paused",
+        "_app_state",
+        "_backlog",
+        "_backlog_size",
+        "_closed",
+        "_drop_ssl",
+        "_eof_received",
+        "_handshake_start",
+        "_handshake_timeout",
+        "_handshake_timer",
+        "_in_high",
+        "_in_low",
+        "_incoming",
+        "_outgoing",
+        "_raw_paused",
+        "_server_hostname",
+        "_server_side",
+        "_shutdown_timeout",
+        "_shutdown_timer",
+        "_ssl_info",
+        "_ssl_lost",
+        "_ssl_reading_paused",
+        "_ssl_writing_paused",
+        "_sslcontext",
+        "_sslobj",
+        "_state",
+        "_waiter",
+    )
+
+    # Read by base_events.start_tls and base_events.sendfile: stock's TLS
+    # transport serves sendfile through the fallback (it must encrypt).
+    _start_tls_compatible = True
+    _sendfile_compatible = _compat.SENDFILE_FALLBACK
+
+    def __init__(
+        self,
+        loop: Any,
+        sock: socket.socket,
+        protocol: Any,
+        sslcontext: Any,
+        waiter: Any = None,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        extra: dict[str, Any] | None = None,
+        server: Any = None,
+        *,
+        shared: TransportShared,
+        ssl_handshake_timeout: float | None = None,
+        ssl_shutdown_timeout: float | None = None,
+        context: Any = None,
+    ) -> None:
+        # SSLProtocol.__init__'s checks and defaults, before anything exists.
+        if ssl_handshake_timeout is None:
+            ssl_handshake_timeout = _compat.DEFAULT_SSL_TIMEOUTS[0]
+        elif ssl_handshake_timeout <= 0:
+            raise ValueError(f"ssl_handshake_timeout should be a positive number, "
+                             f"got {ssl_handshake_timeout}")
+        if ssl_shutdown_timeout is None:
+            ssl_shutdown_timeout = _compat.DEFAULT_SSL_TIMEOUTS[1]
+        elif ssl_shutdown_timeout <= 0:
+            raise ValueError(f"ssl_shutdown_timeout should be a positive number, "
+                             f"got {ssl_shutdown_timeout}")
+        if not sslcontext:
+            sslcontext = _compat.create_tls_context(server_side, server_hostname)
+        self._server_side = server_side
+        self._server_hostname = server_hostname if server_hostname and not server_side else None
+        self._sslcontext = sslcontext
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._sslobj = sslcontext.wrap_bio(self._incoming, self._outgoing,
+                                           server_side=server_side,
+                                           server_hostname=self._server_hostname)
+        self._handshake_timeout = ssl_handshake_timeout
+        self._shutdown_timeout = ssl_shutdown_timeout
+        self._handshake_timer: Any = None
+        self._shutdown_timer: Any = None
+        self._handshake_start: float | None = None
+        self._state = _UNWRAPPED
+        self._app_state = _App.STATE_INIT
+        self._waiter = waiter
+        # Application data written before the handshake (stock's backlog):
+        # a list only once some had to wait.
+        self._backlog: list[Any] = _NO_BACKLOG
+        self._backlog_size = 0
+        self._ssl_info: tuple[Any, Any, Any] | None = None  # peercert, cipher, compression
+        self._ssl_lost = 0  # SSLProtocol._conn_lost: writes after close, counted
+        self._closed = False  # the application's transport is closed (stock's _closed)
+        self._drop_ssl = False  # closed twice: the SSL objects go with the socket
+        self._eof_received = False
+        self._app_paused = False  # the application paused reading
+        self._ssl_reading_paused = False  # the incoming BIO passed its high mark
+        self._ssl_writing_paused = False  # the socket's buffer paused the TLS layer
+        self._raw_paused = False  # ... and the socket's side knows it did
+        self._app_high, self._app_low = _OUT_HIGH, _OUT_LOW
+        self._in_high, self._in_low = _IN_HIGH, _IN_LOW
+        super().__init__(loop, sock, protocol, None, extra, server, shared=shared,
+                         context=context)
+
+    def _schedule_start(self, waiter: Any) -> None:
+        """SSLProtocol.connection_made (the handshake starts), then reading:
+        stock's two handles, in one."""
+        self._call_soon(self._start)
+
+    def _start(self) -> None:
+        self._start_handshake()
+        self._start_reading()
+
+    # -- the application's transport ----------------------------------------
+
+    @property
+    def _ssl_protocol(self) -> TLSTransport:
+        """Stock's app transport's SSLProtocol: here, this object."""
+        return self
+
+    def set_protocol(self, protocol: Any) -> None:
+        self._protocol = protocol
+        self._protocol_connected = True
+        self._app_buffered = (hasattr(protocol, "get_buffer")
+                              and isinstance(protocol, asyncio.BufferedProtocol))
+
+    def _read_method(self, protocol: Any) -> Any:
+        return self._read_ready__tls
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "sslcontext":
+            return self._sslcontext
+        info = self._ssl_info
+        if info is not None and name in _HANDSHAKE_KEYS:
+            if name == "ssl_object":
+                return self._sslobj
+            return info[_HANDSHAKE_KEYS.index(name)]
+        if self._sock is None:
+            return default  # stock's SSLProtocol has no transport left to ask
+        return super().get_extra_info(name, default)
+
+    def is_closing(self) -> bool:
+        if _compat.TLS_CLOSING_WITH_SOCKET:
+            return self._closed or (self._sock is not None and self._closing)
+        return self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._start_shutdown()
+        else:
+            # Closed twice: stock's app transport drops its SSLProtocol here,
+            # and with it the SSL context and object, which a protocol that
+            # keeps its transport would keep alive.  This object still runs
+            # the shutdown: it lets them go once the socket is gone.
+            self._drop_ssl = True
+            if self._sock is None:
+                self._sslobj = self._sslcontext = None
+
+    def abort(self) -> None:
+        self._closed = True
+        self._abort(None)
+
+    def is_reading(self) -> bool:
+        return not self._app_paused
+
+    def pause_reading(self) -> None:
+        self._app_paused = True
+
+    def resume_reading(self) -> None:
+        if self._app_paused:
+            self._app_paused = False
+            self._loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        state = self._state
+        if state is _WRAPPED:
+            self._do_read()
+        elif state is _FLUSHING:
+            self._do_flush()
+        elif state is _SHUTDOWN:
+            self._do_shutdown()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._app_high, self._app_low = _compat.flow_control_defaults(
+            high, low, _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
+        self._control_app_writing()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (self._app_low, self._app_high)
+
+    def get_write_buffer_size(self) -> int:
+        return self._outgoing.pending + self._backlog_size
+
+    def set_read_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._in_high, self._in_low = _compat.flow_control_defaults(
+            high, low, _compat.FLOW_CONTROL_HIGH_WATER_SSL_READ)
+        self._control_ssl_reading()
+
+    def get_read_buffer_limits(self) -> tuple[int, int]:
+        return (self._in_low, self._in_high)
+
+    def get_read_buffer_size(self) -> int:
+        return self._incoming.pending
+
+    def write(self, data: Any) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data: expecting a bytes-like instance, "
+                            f"got {type(data).__name__}")
+        if not data:
+            return
+        if self._state is _WRAPPED and not self._backlog:
+            # The common case: encrypted now (the records go to the outgoing
+            # BIO, so the caller may reuse a bytearray), then sent.
+            try:
+                written = self._sslobj.write(data)
+            except _SSL_AGAIN:
+                written = 0
+            except Exception as exc:
+                self._tls_fatal(exc, "Fatal error on SSL protocol")
+                return
+            if written < len(data):
+                self._backlog = [memoryview(data)[written:]]
+                self._backlog_size = len(data) - written
+            self._process_outgoing()
+            return
+        self._write_appdata((data,))
+
+    def writelines(self, list_of_data: Any) -> None:
+        self._write_appdata(list_of_data)
+
+    def write_eof(self) -> None:
+        raise NotImplementedError
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def _test__append_write_backlog(self, data: bytes) -> None:
+        """Stock's test hook (test_ssl fills the backlog with it)."""
+        if self._backlog is _NO_BACKLOG:
+            self._backlog = []
+        self._backlog.append(data)
+        self._backlog_size += len(data)
+
+    # -- SSLProtocol: states and the handshake ------------------------------------
+
+    def _set_state(self, new_state: Any) -> None:
+        if new_state is not _UNWRAPPED and (self._state, new_state) not in _ALLOWED:
+            raise RuntimeError(f"cannot switch state from {self._state} to {new_state}")
+        self._state = new_state
+
+    def _start_handshake(self) -> None:
+        loop = self._loop
+        if loop.get_debug():
+            _compat.sslproto_logger().debug("%r starts SSL handshake", self)
+            self._handshake_start = loop.time()
+        else:
+            self._handshake_start = None
+        self._set_state(_DO_HANDSHAKE)
+        self._handshake_timer = loop.call_later(self._handshake_timeout,
+                                                self._check_handshake_timeout)
+        self._do_handshake()
+
+    def _check_handshake_timeout(self) -> None:
+        if self._state is _DO_HANDSHAKE:
+            msg = (f"SSL handshake is taking longer than {self._handshake_timeout} "
+                   f"seconds: aborting the connection")
+            self._tls_fatal(ConnectionAbortedError(msg))
+
+    def _do_handshake(self) -> None:
+        try:
+            self._sslobj.do_handshake()
+        except _SSL_AGAIN:
+            self._process_outgoing()
+        except ssl.SSLError as exc:
+            self._on_handshake_complete(exc)
+        else:
+            self._on_handshake_complete(None)
+
+    def _on_handshake_complete(self, handshake_exc: Any) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        sslobj = self._sslobj
+        try:
+            if handshake_exc is None:
+                self._set_state(_WRAPPED)
+            else:
+                raise handshake_exc
+            peercert = sslobj.getpeercert()
+        except Exception as exc:
+            handshake_exc = None
+            self._set_state(_UNWRAPPED)
+            if isinstance(exc, ssl.CertificateError):
+                msg = "SSL handshake failed on verifying the certificate"
+            else:
+                msg = "SSL handshake failed"
+            self._tls_fatal(exc, msg)
+            self._wakeup_waiter(exc)
+            return
+        loop = self._loop
+        if loop.get_debug():
+            dt = loop.time() - self._handshake_start
+            _compat.sslproto_logger().debug("%r: SSL handshake took %.1f ms", self, dt * 1e3)
+        self._ssl_info = (peercert, sslobj.cipher(), sslobj.compression())
+        if self._app_state is _App.STATE_INIT:
+            self._app_state = _App.STATE_CON_MADE
+            self._protocol.connection_made(self)
+        self._wakeup_waiter()
+        self._do_read()
+
+    def _wakeup_waiter(self, exc: BaseException | None = None) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            return
+        if not waiter.cancelled():
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(None)
+        self._waiter = None
+
+    # -- SSLProtocol: shutdown ------------------------------------------------------
+
+    def _start_shutdown(self) -> None:
+        if self._state in (_FLUSHING, _SHUTDOWN, _UNWRAPPED):
+            return
+        self._closed = True
+        if self._state is _DO_HANDSHAKE:
+            self._abort(None)
+        else:
+            self._set_state(_FLUSHING)
+            self._shutdown_timer = self._loop.call_later(self._shutdown_timeout,
+                                                         self._check_shutdown_timeout)
+            self._do_flush()
+
+    def _check_shutdown_timeout(self) -> None:
+        if self._state in (_FLUSHING, _SHUTDOWN) and self._sock is not None:
+            SocketTransport._force_close(self, TimeoutError("SSL shutdown timed out"))
+
+    def _do_flush(self) -> None:
+        self._do_read()
+        self._set_state(_SHUTDOWN)
+        self._do_shutdown()
+
+    def _do_shutdown(self) -> None:
+        try:
+            if not self._eof_received:
+                self._sslobj.unwrap()
+        except _SSL_AGAIN:
+            self._process_outgoing()
+        except ssl.SSLError as exc:
+            self._on_shutdown_complete(exc)
+        else:
+            self._process_outgoing()
+            self._call_eof_received()
+            self._on_shutdown_complete(None)
+
+    def _on_shutdown_complete(self, shutdown_exc: Any) -> None:
+        if not _compat.TLS_CLOSING_WITH_SOCKET:
+            self._cancel_shutdown_timer()
+        if shutdown_exc:
+            self._cancel_shutdown_timer()
+            self._tls_fatal(shutdown_exc)
+            return
+        if _compat.TLS_CLOSING_WITH_SOCKET and self._shutdown_timer is None:
+            # The socket's close() flushes its buffer first, which a peer
+            # that does not read can delay forever: the timeout runs until
+            # connection_lost (3.14+; stock starts it for a peer-initiated
+            # shutdown too).
+            self._shutdown_timer = self._loop.call_later(self._shutdown_timeout,
+                                                         self._check_shutdown_timeout)
+        self._loop.call_soon(self._close_socket)
+
+    def _cancel_shutdown_timer(self) -> None:
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+            self._shutdown_timer = None
+
+    def _close_socket(self) -> None:
+        """The socket's close (stock: the SSLProtocol's transport.close())."""
+        SocketTransport.close(self)
+
+    def _abort(self, exc: BaseException | None) -> None:
+        self._set_state(_UNWRAPPED)
+        if self._sock is not None:
+            # 3.11-3.12 abort the socket's transport; 3.13+ pass the error.
+            SocketTransport._force_close(self, exc if _compat.TLS_ABORT_PASSES_EXC else None)
+
+    # -- SSLProtocol: the outgoing flow ------------------------------------------
+
+    def _write_appdata(self, list_of_data: Any) -> None:
+        if self._state in (_FLUSHING, _SHUTDOWN, _UNWRAPPED):
+            if self._ssl_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                _compat.sslproto_logger().warning("SSL connection is closed")
+            self._ssl_lost += 1
+            return
+        if self._backlog is _NO_BACKLOG:
+            self._backlog = []
+        for data in list_of_data:
+            # Kept until the handshake: a bytearray the caller reuses is copied.
+            self._backlog.append(data if isinstance(data, bytes) else bytes(data))
+            self._backlog_size += len(data)
+        try:
+            if self._state is _WRAPPED:
+                self._do_write()
+        except Exception as exc:
+            self._tls_fatal(exc, "Fatal error on SSL protocol")
+
+    def _do_write(self) -> None:
+        backlog = self._backlog
+        try:
+            while backlog:
+                data = backlog[0]
+                count = self._sslobj.write(data)
+                size = len(data)
+                if count < size:
+                    backlog[0] = memoryview(data)[count:]
+                    self._backlog_size -= count
+                else:
+                    del backlog[0]
+                    self._backlog_size -= size
+        except _SSL_AGAIN:
+            pass
+        self._process_outgoing()
+
+    def _process_outgoing(self) -> None:
+        """The records the SSLObject made, to the socket (unless the socket's
+        buffer paused the TLS layer: they wait in the outgoing BIO)."""
+        if not self._ssl_writing_paused:
+            records = self._outgoing.read()
+            if records:
+                SocketTransport.write(self, records)
+        self._control_app_writing()
+
+    def _control_app_writing(self) -> None:
+        size = self.get_write_buffer_size()
+        if size >= self._app_high and not self._protocol_paused:
+            self._protocol_paused = True
+            self._call_flow_control("pause_writing")
+        elif size <= self._app_low and self._protocol_paused:
+            self._protocol_paused = False
+            self._call_flow_control("resume_writing")
+
+    def _call_flow_control(self, name: str) -> None:
+        try:
+            getattr(self._protocol, name)()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            self._loop.call_exception_handler({
+                "message": f"protocol.{name}() failed",
+                "exception": exc,
+                "transport": self,
+                "protocol": self,
+            })
+
+    # The socket's flow control: its buffer over its marks pauses the TLS
+    # layer, not the application (SocketTransport calls these).
+
+    def _maybe_pause_protocol(self) -> None:
+        if self._buffer_size > self._high_water and not self._raw_paused:
+            self._raw_paused = True
+            self._call_flow_control_raw("pause_writing")
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._raw_paused and self._buffer_size <= self._low_water:
+            self._raw_paused = False
+            self._call_flow_control_raw("resume_writing")
+
+    def _call_flow_control_raw(self, name: str) -> None:
+        try:
+            getattr(self, name)()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            self._loop.call_exception_handler({
+                "message": f"protocol.{name}() failed",
+                "exception": exc,
+                "transport": self,
+                "protocol": self,
+            })
+
+    def _write_now(self, vectored: bool = False) -> None:
+        SocketTransport._write_now(self, vectored)
+        if self._raw_paused:
+            self._maybe_resume_protocol()
+
+    def _write_done(self) -> None:
+        """Everything buffered went out: a paused TLS layer resumes first, as
+        stock's socket transport resumes its protocol before it looks at its
+        buffer again (the records it then writes, a close_notify say, go out
+        before a pending close ends the connection)."""
+        if self._raw_paused:
+            self._raw_paused = False
+            self._sending = True  # its writes are appended, decided on here
+            try:
+                self._call_flow_control_raw("resume_writing")
+            finally:
+                self._sending = False
+            if self._buffer:
+                if not self._write_state:
+                    self._shared.queue(self)
+                return
+        SocketTransport._write_done(self)
+
+    def pause_writing(self) -> None:
+        """SSLProtocol's: the socket's buffer passed its high-water mark."""
+        assert not self._ssl_writing_paused
+        self._ssl_writing_paused = True
+
+    def resume_writing(self) -> None:
+        """SSLProtocol's: the socket's buffer drained below its low-water mark."""
+        assert self._ssl_writing_paused
+        self._ssl_writing_paused = False
+        self._process_outgoing()
+
+    # -- SSLProtocol: the incoming flow --------------------------------------------
+
+    def _read_ready__tls(self) -> None:
+        """The socket is readable: ciphertext into the loop's buffer, then the
+        incoming BIO, then the state's step (stock: the socket's transport
+        reads into SSLProtocol.get_buffer, then buffer_updated)."""
+        if self._conn_lost:
+            return
+        shared = self._shared
+        shared.stats.recv += 1
+        try:
+            nbytes = self._sock.recv_into(shared.read_buffer)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            shared.stats.recv_eagain += 1
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on socket transport")
+            return
+        if not nbytes:
+            self._read_ready__on_eof()
+            return
+        try:
+            self._incoming.write(shared.read_view[:nbytes])
+            state = self._state
+            if state is _WRAPPED:
+                self._do_read()
+            elif state is _DO_HANDSHAKE:
+                self._do_handshake()
+            elif state is _FLUSHING:
+                self._do_flush()
+            elif state is _SHUTDOWN:
+                self._do_shutdown()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
+
+    def _read_ready__on_eof(self) -> None:
+        if self._loop.get_debug():
+            _compat.transport_logger().debug("%r received EOF", self)
+        try:
+            keep_open = self._eof_from_socket()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
+            return
+        if keep_open:
+            self._unwatch_read()
+        else:
+            SocketTransport.close(self)
+
+    def _eof_from_socket(self) -> bool | None:
+        """SSLProtocol.eof_received: the peer half-closed the socket."""
+        self._eof_received = True
+        try:
+            if self._loop.get_debug():
+                _compat.sslproto_logger().debug("%r received EOF", self)
+            state = self._state
+            if state is _DO_HANDSHAKE:
+                self._on_handshake_complete(ConnectionResetError)
+            elif state is _WRAPPED:
+                self._set_state(_FLUSHING)
+                if self._app_paused:
+                    return True
+                self._do_flush()
+            elif state is _FLUSHING:
+                self._do_write()
+                self._set_state(_SHUTDOWN)
+                self._do_shutdown()
+            elif state is _SHUTDOWN:
+                self._do_shutdown()
+        except Exception:
+            SocketTransport.close(self)
+            raise
+        return None
+
+    def _do_read(self) -> None:
+        if self._state is not _WRAPPED and self._state is not _FLUSHING:
+            return
+        try:
+            if not self._app_paused:
+                if self._app_buffered:
+                    self._do_read__buffered()
+                else:
+                    self._do_read__copied()
+                if self._backlog:
+                    self._do_write()
+                else:
+                    self._process_outgoing()
+            self._control_ssl_reading()
+        except Exception as exc:
+            self._tls_fatal(exc, "Fatal error on SSL protocol")
+
+    def _do_read__buffered(self) -> None:
+        offset = 0
+        count = 1
+        buf = self._protocol.get_buffer(self.get_read_buffer_size())
+        wants = len(buf)
+        read = self._sslobj.read
+        try:
+            count = read(wants, buf)
+            if count > 0:
+                offset = count
+                while offset < wants:
+                    count = read(wants - offset, buf[offset:])
+                    if count > 0:
+                        offset += count
+                    else:
+                        break
+                else:
+                    self._loop.call_soon(self._do_read)
+        except _SSL_AGAIN:
+            pass
+        if offset > 0:
+            self._protocol.buffer_updated(offset)
+        if not count:
+            # close_notify
+            self._call_eof_received()
+            self._start_shutdown()
+
+    def _do_read__copied(self) -> None:
+        """Everything the incoming BIO decrypts to, in one data_received (as
+        stock's): read into the loop's buffer and copied out at its size,
+        where stock allocates a 256 KiB ``bytes`` per record."""
+        view = self._shared.read_view
+        size = len(view)
+        read = self._sslobj.read
+        offset = 0
+        count = 1
+        chunks: list[bytes] | None = None
+        try:
+            while True:
+                count = read(size - offset, view[offset:] if offset else view)
+                if not count:
+                    break
+                offset += count
+                if offset == size:
+                    if chunks is None:
+                        chunks = []
+                    chunks.append(view.tobytes())
+                    offset = 0
+        except _SSL_AGAIN:
+            pass
+        if chunks is not None:
+            if offset:
+                chunks.append(view[:offset].tobytes())
+            self._protocol.data_received(b"".join(chunks))
+        elif offset:
+            self._protocol.data_received(view[:offset].tobytes())
+        if not count:
+            # close_notify
+            self._call_eof_received()
+            self._start_shutdown()
+
+    def _call_eof_received(self) -> None:
+        try:
+            if self._app_state is _App.STATE_CON_MADE:
+                self._app_state = _App.STATE_EOF
+                keep_open = self._protocol.eof_received()
+                if keep_open:
+                    _compat.sslproto_logger().warning(
+                        "returning true from eof_received() has no effect when using ssl")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            self._tls_fatal(exc, "Error calling eof_received()")
+
+    def _control_ssl_reading(self) -> None:
+        size = self._incoming.pending
+        if size >= self._in_high and not self._ssl_reading_paused:
+            self._ssl_reading_paused = True
+            SocketTransport.pause_reading(self)
+        elif size <= self._in_low and self._ssl_reading_paused:
+            self._ssl_reading_paused = False
+            SocketTransport.resume_reading(self)
+
+    # -- the end ------------------------------------------------------------
+
+    def _tls_fatal(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
+        """SSLProtocol._fatal_error: the socket goes at once, the error is
+        logged (an OSError, in debug mode) or reported."""
+        if self._sock is not None:
+            SocketTransport._force_close(self, exc)
+        if isinstance(exc, OSError):
+            if self._loop is not None and self._loop.get_debug():
+                _compat.sslproto_logger().debug("%r: %s", self, message, exc_info=True)
+        elif not isinstance(exc, asyncio.CancelledError) and self._loop is not None:
+            self._loop.call_exception_handler({
+                "message": message,
+                "exception": exc,
+                "transport": self,
+                "protocol": self,
+            })
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        """The socket's end, then SSLProtocol.connection_lost's steps: the
+        protocol's connection_lost is scheduled, as stock schedules it."""
+        try:
+            self._ssl_connection_lost(exc)
+        finally:
+            self._socket_lost()
+            if self._drop_ssl:
+                self._sslobj = self._sslcontext = None
+
+    def _ssl_connection_lost(self, exc: BaseException | None) -> None:
+        if self._backlog:
+            self._backlog = _NO_BACKLOG
+            self._backlog_size = 0
+        self._outgoing.read()
+        self._ssl_lost += 1
+        self._closed = True
+        if self._state is not _DO_HANDSHAKE and self._app_state in (
+                _App.STATE_CON_MADE, _App.STATE_EOF):
+            self._app_state = _App.STATE_CON_LOST
+            self._loop.call_soon(self._protocol.connection_lost, exc)
+        self._set_state(_UNWRAPPED)
+        self._wakeup_waiter(exc)
+        self._cancel_shutdown_timer()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
