@@ -14,7 +14,8 @@ where the loop calls the protocol factory.  A compiled loop's own
 allocations (through Python's allocator; tracemalloc sees no other) are
 charged to the line of this module that runs the loop: the ``C`` column.
 
-Run::
+tracemalloc is CPython's (PyPy has no ``_tracemalloc``): elsewhere the
+command says so and counts nothing.  Run::
 
     python -m benchmarks memory [--loops asyncio,relaxed-eager] [--connections 400]
 """
@@ -27,12 +28,14 @@ import json
 import subprocess
 import sys
 import time
-import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks import bytecodes, loops, report, runner
+
+if TYPE_CHECKING:
+    import tracemalloc
 
 ROOT = runner.ROOT
 DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager")
@@ -74,6 +77,8 @@ def _site(frame: tracemalloc.Frame) -> str:
 def child(loop_name: str, connections: int) -> dict[str, Any]:
     """Serve *connections* idle connections on *loop_name*; the traced growth
     per connection by site: {"connections": n, "sites": {site: [group, bytes]}}."""
+    import tracemalloc  # CPython's: see run()
+
     loop = loops.factory(loop_name)()
     server = loop.run_until_complete(loop.create_server(Idle, "127.0.0.1", 0))
     port = server.sockets[0].getsockname()[1]
@@ -126,6 +131,17 @@ def child(loop_name: str, connections: int) -> dict[str, Any]:
     return {"connections": connections, "sites": sites}
 
 
+def untraceable() -> str | None:
+    """Why tracemalloc cannot trace here, or None: it hooks CPython's
+    allocators, and PyPy's stdlib has the module without its ``_tracemalloc``."""
+    try:
+        import tracemalloc  # noqa: F401
+    except ImportError as exc:
+        return (f"memory counts need tracemalloc, which {sys.implementation.name} "
+                f"does not have ({exc}): CPython only")
+    return None
+
+
 def per_connection(counted: dict[str, Any]) -> dict[str, tuple[str, float]]:
     n = counted["connections"]
     return {site: (where, size / n) for site, (where, size) in counted["sites"].items()}
@@ -153,7 +169,12 @@ def tables(result: dict[str, dict[str, tuple[str, float]]], top: int
 
 def run(loop_names: Sequence[str], *, connections: int, top: int, results: Path,
         command: Sequence[str]) -> int:
-    """Trace each loop in its own process; print and save the tables."""
+    """Trace each loop in its own process; print and save the tables.  2
+    where tracemalloc cannot trace (PyPy)."""
+    why = untraceable()
+    if why:
+        print(f"{why}; nothing counted", file=sys.stderr)
+        return 2
     names = []
     for name in loop_names or DEFAULT_LOOPS:
         why = loops.missing(name)

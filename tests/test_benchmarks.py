@@ -745,6 +745,17 @@ def test_instructions_without_valgrind_says_so(
     assert "valgrind is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(sys.implementation.name == "cpython", reason="counts CPython's interpreter")
+def test_instructions_off_cpython_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import instructions
+
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert cli.main(["instructions", "--loops", "asyncio"]) == 2
+    assert "of CPython's interpreter" in capsys.readouterr().err
+
+
 @pytest.mark.bench
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
 @pytest.mark.parametrize("size", [1024, 100 * 1024, "http"])
@@ -795,7 +806,7 @@ def test_bytecodes_groups_and_tables() -> None:
                        ["_loop:Loop._run_once", "asyncio_relaxed", "30.0", "—"]]
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is 3.12+")
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is CPython 3.12+'s")
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
 def test_bytecodes_child_counts_the_same_twice(loop_name: str) -> None:
     """Counts of the measured rounds only, the same in two runs: the loop's
@@ -825,10 +836,10 @@ def test_bytecodes_child_counts_the_same_twice(loop_name: str) -> None:
     assert 10 * first["requests"] < first["functions"][write][1] < 200 * first["requests"]
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="sys.monitoring is there")
-def test_bytecodes_before_3_12_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.skipif(hasattr(sys, "monitoring"), reason="sys.monitoring is there")
+def test_bytecodes_without_sys_monitoring_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bytecodes", "--loops", "asyncio"]) == 2
-    assert "Python 3.12+" in capsys.readouterr().err
+    assert "sys.monitoring (CPython 3.12+)" in capsys.readouterr().err
 
 
 # -- memory per idle connection by allocation site (tracemalloc) -----------------------
@@ -855,6 +866,10 @@ def test_memory_child_traces_the_idle_connections(loop_name: str) -> None:
     sites, and the total per connection is that of a few objects."""
     from benchmarks import memory
 
+    why = memory.untraceable()
+    if why:
+        pytest.skip(why)
+
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "memory", "--child", loop_name, "60"],
         cwd=memory.ROOT, capture_output=True, text=True, timeout=120)
@@ -865,6 +880,16 @@ def test_memory_child_traces_the_idle_connections(loop_name: str) -> None:
     transport = ("asyncio/selector_events.py" if loop_name == "asyncio"
                  else "asyncio_relaxed/_serving.py")
     assert any(site.startswith(transport) and b >= 200 for site, (_, b) in rows.items()), rows
+
+
+def test_memory_without_tracemalloc_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import memory
+
+    why = memory.untraceable()
+    if why is None:
+        pytest.skip("tracemalloc traces here")
+    assert cli.main(["memory", "--loops", "asyncio"]) == 2
+    assert "need tracemalloc" in capsys.readouterr().err
 
 
 def test_a_baseline_child_imports_the_baseline_package(tmp_path: Path) -> None:
