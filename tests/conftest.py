@@ -10,7 +10,9 @@ call of the loop's exception handler it did not declare with
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -164,6 +166,24 @@ def relaxed_loop(
     finally:
         loop.close()
     loop_errors.check()
+
+
+#: CPython frees an object when its last reference goes.  PyPy's collector
+#: frees garbage only when it runs, and an object with a ``__del__`` (a
+#: transport, a socket) only at the collection after the one that ran it:
+#: on PyPy nothing may count on an object being freed at once to close a
+#: socket or to drop a weak reference.
+REFCOUNTED = sys.implementation.name == "cpython"
+
+
+def collect_garbage() -> None:
+    """Free every unreachable object now, and clear the weak references to it."""
+    gc.collect()
+    if not REFCOUNTED:
+        # One more collection per level of objects with __del__ that refer
+        # to one another (a transport, then its socket).
+        gc.collect()
+        gc.collect()
 
 
 def run(
