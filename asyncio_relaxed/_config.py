@@ -186,12 +186,13 @@ class Config:
         ),
     )
     time_metrics: bool = _field(
-        False,
+        True,
         unit="flag",
         why=(
-            "time blocked in the poll vs busy, and loop lag, in loop.health(): two "
-            "clock reads per iteration, none per callback (docs/settings.md "
-            "gives the instruction cost)."
+            "time blocked in the poll vs busy, and loop lag, in loop.health() and "
+            "/metrics: the clock is read around a wait and every 32nd iteration, "
+            "never per callback (docs/settings.md gives the instruction cost); "
+            "off saves that."
         ),
     )
     slow_callback: float = _field(

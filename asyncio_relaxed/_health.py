@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -113,24 +112,25 @@ class Health:
         self.lag = LagHistogram()
         self.slow_callbacks = 0  # callbacks over the slow_callback threshold
 
-    def timed_poll(self, poll: Callable[[float | None], Any], timeout: float | None,
-                   found: Any) -> Any:
-        """time_metrics, after a poll that did not wait *found* what it
-        returns here: end the stretch under way (busy, a lag sample), and if
-        nothing was found and the loop may wait, ``poll(timeout)`` with the
-        clock read around it (idle)."""
+    def stretch_end(self) -> float:
+        """time_metrics: a stretch ends (a poll that did not wait found
+        nothing and the loop may wait, or the 32nd iteration in a row that
+        did not wait): its length is busy time and a lag sample.  The clock
+        reading, for :meth:`waited`."""
         now = _monotonic()
         last = self.last
         if last is not None:
             self.busy += now - last
             self.lag.record(now - last)
-        if not found and timeout != 0:
-            waited = now
-            found = poll(timeout)
-            now = _monotonic()
-            self.idle += now - waited
         self.last = now
-        return found
+        return now
+
+    def waited(self, since: float) -> None:
+        """The loop waited in its poll from *since* (a :meth:`stretch_end`
+        reading) until now: idle time; the next stretch starts now."""
+        now = _monotonic()
+        self.idle += now - since
+        self.last = now
 
     def stopped(self) -> None:
         """The loop stops running: the stretch under way ends; the time until

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import selectors
 import socket
+import time
 from typing import Any
 
 from . import _compat, _slow
@@ -31,18 +32,26 @@ from ._config import Config, resolve
 from ._health import Health, HealthSnapshot
 from ._poller import DeferredSelector, default_backend
 from ._serving import Serving
+from ._shared import TransportShared
 from ._stats import Counters, LoopStatistics
-from ._transport import SocketTransport, TransportShared
+from ._transport import SocketTransport
 
 __all__ = ["Loop"]
 
 _STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
+_STOCK_PROCESS_EVENTS = _compat.STOCK_PROCESS_EVENTS
+# Attributes whose replacement on a loop may change how it polls (_route_changed).
+_ROUTE_NAMES = frozenset({"_process_events", "_selector"})
+_monotonic = time.monotonic
 _Handle = _compat.Handle
 _TimerHandle = _compat.TimerHandle
+# The handle classes the run loop runs without Handle._run's frame, by which
+# of them still have stock's _run (TimerHandle inherits Handle's).
+_INLINE = (_Handle, _TimerHandle)
+_INLINE_HANDLE = (_Handle,)
+_INLINE_NONE: tuple[type, ...] = ()
 _EVENT_READ = selectors.EVENT_READ  # module globals: one lookup less per event
 _EVENT_WRITE = selectors.EVENT_WRITE
-#: The due timers of an iteration without any (never appended to).
-_NO_TIMERS: tuple[Any, ...] = ()
 
 # The poller's own select(): the loop polls through DeferredSelector.ready()
 # only while this is what the selector's select is (see _run_once).
@@ -85,10 +94,12 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # up to 30 names, stock's loop has up to 27 (3.14), and a loop past
         # 30 reads every attribute slower (tests/test_loop.py checks it).
         # Everything the transports need of this loop beyond stock's API (the
-        # settings, the counters, the write queue), and the listeners.
-        self._shared = shared = TransportShared(config, stats, poller)
+        # settings, the counters, the write queue): one attribute.
+        self._shared = shared = TransportShared(config, stats, poller, SocketTransport._write_now,
+                                                contexts=_compat.PY315)
         shared.on_error = self._flush_failed
-        shared.serving = Serving(self, config, stats, shared)
+        # The listening sockets this loop serves (_serving, _accept).
+        self._serving = Serving(self, config, stats, shared)
         # Time and lag accounts (with time_metrics), slow-callback reports.
         self._health = Health(config.time_metrics, config.slow_callback)
         super().__init__(poller)
@@ -110,7 +121,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
     def listener_statistics(self) -> list[ListenerStatistics]:
         """The counts of each listening socket this loop serves."""
-        return [listener.statistics() for listener in self._shared.serving.listeners.values()]
+        return [listener.statistics() for listener in self._serving.listeners.values()]
 
     def set_slow_callback_handler(self, handler: Any) -> None:
         """Call ``handler(loop, report)`` for each slow callback report (a
@@ -125,6 +136,31 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
 
     # Stock's call_soon without its frames (see _compat.call_soon).
     call_soon = _compat.call_soon
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _ROUTE_NAMES:
+            self._route_changed()
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        if name in _ROUTE_NAMES:
+            self._route_changed()
+
+    def _route_changed(self) -> None:
+        """A _process_events replaced on the instance (tests do) takes the
+        iteration off the poller's route, as a wrapped select() does: the
+        poller keeps the name (DeferredSelector.replaced), so the iteration
+        checks it without reading this object's __dict__ (which would make
+        CPython build it, slowing every attribute read)."""
+        selector = getattr(self, "_selector", None)
+        if not isinstance(selector, DeferredSelector):
+            return  # replaced: the iteration takes stock's route anyway
+        method = getattr(self, "_process_events", None)
+        if getattr(method, "__func__", None) is type(self)._process_events:
+            selector.replaced -= {"_process_events"}
+        else:
+            selector.replaced |= {"_process_events"}
 
     def _flush_failed(self, transport: Any, exc: BaseException) -> None:
         """A queued transport's send let an exception through: reported as
@@ -150,7 +186,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if not self.is_running() and not self.is_closed():
             if self._shared:
                 self._shared.flush(include_feeds=True)
-            self._shared.serving.close()
+            self._serving.close()
         super().close()
 
     # -- transports ---------------------------------------------------------
@@ -207,7 +243,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         context: Any = None,
     ) -> None:
         """Serve *sock*; ``context`` is 3.15's (the server's, gh-140947)."""
-        self._shared.serving.start(protocol_factory, sock, sslcontext, server, backlog,
+        self._serving.start(protocol_factory, sock, sslcontext, server, backlog,
                             (ssl_handshake_timeout, ssl_shutdown_timeout), context)
 
     def _accept_connection(
@@ -223,116 +259,54 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     ) -> None:
         """One readiness event of a listener, by the accept strategy (the
         loop's own reader is its Listener's ready(); this is for callers)."""
-        self._shared.serving.accept_now(protocol_factory, sock, sslcontext, server, backlog,
+        self._serving.accept_now(protocol_factory, sock, sslcontext, server, backlog,
                                  (ssl_handshake_timeout, ssl_shutdown_timeout), context)
 
     def _stop_serving(self, sock: socket.socket) -> None:
-        self._shared.serving.stop(sock)
+        self._serving.stop(sock)
         super()._stop_serving(sock)
 
     # -- the iteration ------------------------------------------------------
 
-    def _poll_wrapped(self, timeout: float | None) -> list[tuple[int, Any, int]]:
+    def _poll_stock(self, timeout: float | None) -> None:
         """The poll through a select() someone wrapped or overrode (time
-        freezers in tests, I/O-time meters): called as stock calls it."""
-        return [(key.fd, key.data, mask) for key, mask in self._selector.select(timeout)]
-
-    def _schedule_events(self, event_list: list[tuple[int, Any, int]]) -> None:
-        """Stock's _process_events, for (fd, data, mask) triples: the I/O
-        handles join the ready queue.  A _process_events replaced by a
-        subclass or a patch gets what stock passes it, (key, mask) pairs."""
-        # Through the bound method, not self.__dict__: reading an instance's
-        # __dict__ makes CPython build it, which slows every attribute of the
-        # object from then on (+650 instructions per 1 KiB echo, callgrind).
-        try:
-            stock = self._process_events.__func__ is _compat.STOCK_PROCESS_EVENTS
-        except AttributeError:  # replaced by a function or a mock
-            stock = False
-        if not stock:
-            self._process_events(self._as_keys(event_list))
+        freezers in tests, I/O-time meters) or into a _process_events a
+        subclass or a patch replaced: called as stock calls them."""
+        selector = self._selector
+        health = self._health
+        if not health.timed:
+            self._process_events(selector.select(timeout))
             return
+        found = selector.select(0)
+        if (not found and timeout != 0) or not self._shared.stats.iterations & _STRETCH_MASK:
+            waited = health.stretch_end()
+            if not found and timeout != 0:
+                found = selector.select(timeout)
+                health.waited(waited)
+        self._process_events(found)
+
+    def _timed_wait(self, timeout: float | None) -> Any:
+        """time_metrics: the stretch ends, then the wait, timed as idle (see _health)."""
+        health = self._health
+        waited = health.stretch_end()
+        rest = self._selector.ready_readers(timeout, self._ready)
+        health.waited(waited)
+        return rest
+
+    def _process_rest(self, event_list: list[tuple[int, Any, int]]) -> None:
+        """Stock's _process_events for the poller's (fd, data, mask) triples."""
+        ready = self._ready
         for fd, (reader, writer), mask in event_list:
             if mask & _EVENT_READ and reader is not None:
                 if reader._cancelled:
                     self._remove_reader(fd)
                 else:
-                    self._add_callback(reader)
+                    ready.append(reader)
             if mask & _EVENT_WRITE and writer is not None:
                 if writer._cancelled:
                     self._remove_writer(fd)
                 else:
-                    self._add_callback(writer)
-
-    def _dispatch_events(self, event_list: list[tuple[int, Any, int]]) -> int:
-        """Run the I/O callbacks of *event_list* at once; return how many ran.
-
-        Safe only when the ready queue was empty before the poll (the
-        caller checks): stock ``_process_events`` would queue these handles
-        and ``_run_once`` would run them first, in this order, with nothing
-        in between but themselves.  Each runs as ``Handle._run`` would run
-        it (its context; an exception to the handler with the ``handle`` key).
-        A handle cancelled by an earlier callback of this batch is skipped,
-        as stock skips it in the ready queue; stock's removal of a reader
-        cancelled before the poll applies only while it is still the fd's
-        reader (an earlier callback may have registered a new one).
-        """
-        # Every event runs its reader, unless counted off below.
-        ran = len(event_list)
-        # Handle._run without its frame for handles of stock's class while
-        # its _run is stock's (see _compat.STOCK_HANDLE_RUN); None matches
-        # no handle's type.
-        inline_type = _Handle if _Handle._run is _STOCK_HANDLE_RUN else None
-        for event in event_list:
-            fd, (reader, writer), mask = event
-            if mask & _EVENT_READ and reader is not None:
-                if reader._cancelled:
-                    ran -= 1
-                    self._remove_cancelled(fd, reader, 0)
-                else:
-                    try:
-                        if type(reader) is not inline_type:
-                            reader._run()
-                        elif reader._args:
-                            reader._context.run(reader._callback, *reader._args)
-                        else:  # a transport's or a listener's reader: no *args
-                            reader._context.run(reader._callback)
-                    except (SystemExit, KeyboardInterrupt):
-                        if not mask & _EVENT_WRITE:
-                            writer = None
-                        self._schedule_rest(event_list, event, writer)
-                        raise
-                    except BaseException as exc:
-                        self._callback_failed(reader, exc)
-            else:
-                ran -= 1
-            if mask & _EVENT_WRITE and writer is not None:
-                if writer._cancelled:
-                    self._remove_cancelled(fd, writer, 1)
-                else:
-                    ran += 1
-                    try:
-                        self._run_handle(writer)  # EPOLLOUT: rare, a frame is fine
-                    except (SystemExit, KeyboardInterrupt):
-                        self._schedule_rest(event_list, event, None)
-                        raise
-        # As Handle._run's "self = None": a traceback kept by whoever got an
-        # exception holds this frame; it must not hold the batch too.
-        event_list = event = reader = writer = None  # type: ignore[assignment]
-        return ran
-
-    def _run_handle(self, handle: Any) -> None:
-        """Run *handle* as Handle._run does, without its frame where that is
-        stock's; the hot paths (readers, the ready queue) repeat this."""
-        if type(handle) is not _Handle or _Handle._run is not _STOCK_HANDLE_RUN:
-            handle._run()
-            return
-        try:
-            handle._context.run(handle._callback, *handle._args)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._callback_failed(handle, exc)
-        handle = None  # as Handle._run's "self = None" (a kept traceback)
+                    ready.append(writer)
 
     def _callback_failed(self, handle: Any, exc: BaseException) -> None:
         """Report a callback's exception as Handle._run does."""
@@ -342,43 +316,6 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if handle._source_traceback:
             context["source_traceback"] = handle._source_traceback
         self.call_exception_handler(context)
-
-    def _as_keys(
-        self, event_list: list[tuple[int, Any, int]]
-    ) -> list[tuple[selectors.SelectorKey, int]]:
-        """(key, mask) pairs for the poll's triples (the key as registered)."""
-        pairs = []
-        for fd, data, mask in event_list:
-            try:
-                key = self._selector.get_key(fd)
-            except (KeyError, ValueError):
-                key = selectors.SelectorKey(fd, fd, mask, data)
-            if key.data is not data:
-                key = key._replace(data=data)
-            pairs.append((key, mask))
-        return pairs
-
-    def _schedule_rest(self, event_list: list[tuple[int, Any, int]],
-                       event: tuple[int, Any, int], writer: Any) -> None:
-        """SystemExit or KeyboardInterrupt left a batch half run at *event*
-        (Handle._run reports everything else): schedule what stock would have
-        queued.  *event* is found by identity (the loop above keeps no index)."""
-        if writer is not None and not writer._cancelled:
-            self._ready.append(writer)
-        index = next(i for i, item in enumerate(event_list) if item is event)
-        self._schedule_events(event_list[index + 1:])
-
-    def _remove_cancelled(self, fd: int, handle: Any, which: int) -> None:
-        """Stock drops a cancelled reader/writer that the poll reported."""
-        try:
-            current = self._selector.get_key(fd).data[which]
-        except KeyError:
-            return
-        if current is handle:
-            if which:
-                self._remove_writer(fd)
-            else:
-                self._remove_reader(fd)
 
     def _run_once(self) -> None:
         """Run one full iteration of the event loop (see the module docstring)."""
@@ -416,7 +353,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # The flush above can queue writes again (a resume_writing() that
         # writes): they must not wait for an unrelated event, so no blocking.
         timeout: float | None = None
-        if self._ready or self._stopping or writes.pending or writes.feeding:
+        ready = self._ready
+        if ready or self._stopping or writes.pending or writes.feeding:
             timeout = 0
         elif scheduled:
             # Compute the desired timeout.
@@ -426,46 +364,38 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             elif timeout < 0:
                 timeout = 0
 
-        # Phase: apply interest changes, then poll (both inside select()).
-        # DeferredSelector.ready(): select() without a SelectorKey per event,
-        # unless select() was wrapped or overridden (then that is called).
+        # Phase: apply interest changes, then poll; the I/O handles join the
+        # ready queue in the kernel's order, as stock's _process_events adds
+        # them.  The poller's wait puts the reader of each input event on a
+        # transport's socket straight into the queue (ready_readers) and
+        # returns the other events as (fd, data, mask).  With time_metrics
+        # the poll first does not wait, and the clock is read only when that
+        # finds nothing and the loop may wait, or every 32nd iteration.
         selector = self._selector
-        try:
-            own_select = selector.select.__func__ is _POLLER_SELECT
-        except AttributeError:  # replaced by a function or a callable object
-            own_select = False
         health = self._health
-        if health.timed:
-            # time_metrics: first without waiting; the clock only when that
-            # finds nothing and the loop may wait, or every 32nd iteration.
-            event_list = selector.ready(0) if own_select else self._poll_wrapped(0)
-            if (not event_list and timeout != 0) or not stats.iterations & _STRETCH_MASK:
-                poll = selector.ready if own_select else self._poll_wrapped
-                event_list = health.timed_poll(poll, timeout, event_list)
-        elif own_select:
-            event_list = selector.ready(timeout)
+        if (type(selector).select is _POLLER_SELECT and not selector.replaced
+                and type(self)._process_events is _STOCK_PROCESS_EVENTS):
+            if timeout == 0 or not health.timed:
+                rest = selector.ready_readers(timeout, ready)
+                if health.timed and not stats.iterations & _STRETCH_MASK:
+                    health.stretch_end()  # a loop that never waits
+            else:
+                # time_metrics and the loop may wait: a poll that does not
+                # wait first, then the timed wait only if it found nothing.
+                before = len(ready)
+                rest = selector.ready_readers(0, ready)
+                if not rest and len(ready) == before:
+                    rest = self._timed_wait(timeout)
+            if rest:
+                self._process_rest(rest)
         else:
-            event_list = self._poll_wrapped(timeout)
-        ready = self._ready
-        # Fast path, safe only when nothing was ready before the poll (and
-        # not in debug mode, which times each callback): stock would queue
-        # the I/O handles, then the due timers, and run exactly those, in
-        # that order, before anything they schedule.  The same happens here
-        # without the queue round trip: the due timers are collected first
-        # (before any callback can add or cancel one, as in stock), the I/O
-        # callbacks run straight from the poll's results, then the timers;
-        # what the callbacks scheduled waits for the next iteration.
-        direct = not ready and not self._debug and not health.slow
-        if not direct:
-            self._schedule_events(event_list)
+            self._poll_stock(timeout)
 
-        # Handle 'later' callbacks that are ready (no clock read without
-        # timers: stock reads it every iteration, for nothing then).
-        due: Any = _NO_TIMERS  # read only in the direct case
+        # Phase: due timers join the queue (no clock read without timers:
+        # stock reads it every iteration, for nothing then).
         if scheduled:
             loop_now = self.time()
             end_time = _compat.end_time(loop_now, self._clock_resolution)
-            due = [] if direct else ready
             lag = health.lag if health.timed else None
             while scheduled:
                 handle = scheduled[0]
@@ -473,51 +403,41 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                     break
                 handle = heapq.heappop(scheduled)
                 handle._scheduled = False
-                due.append(handle)
+                ready.append(handle)
                 if lag is not None:
                     lag.record(loop_now - handle._when)  # how late it runs
 
-        ran = added = 0
-        if direct:
-            try:
-                ran = self._dispatch_events(event_list)
-            finally:
-                # What the I/O callbacks scheduled (or, after SystemExit /
-                # KeyboardInterrupt, the rest of the batch) stays behind the
-                # due timers' turn.
-                added = len(ready)
-                if due:
-                    ready.extendleft(reversed(due))
-        # Needed to break cycles when an exception occurs.
-        event_list = None
-
         # Phase: run the callbacks that are ready now, not those they add:
         # those run next time, after another poll.  The popleft idiom is
-        # thread-safe without locks (call_soon_threadsafe appends).
-        ntodo = len(ready) - added
-        if self._debug or health.slow:
-            ran += _slow.run_ready_timed(self, ntodo)
-            ntodo = 0
-        ran += ntodo  # less the cancelled, below
-        # Handle._run inlined, as in _dispatch_events, for handles of stock's
-        # classes while their _run is stock's.
-        inline = (_Handle._run is _STOCK_HANDLE_RUN
-                  and _TimerHandle._run is _STOCK_HANDLE_RUN)
+        # thread-safe without locks (call_soon_threadsafe appends).  The one
+        # place a handle runs: Handle._run inlined for handles of stock's
+        # classes while their _run is stock's (_compat.STOCK_HANDLE_RUN),
+        # each timed where debug mode or slow_callback asks (_run_timed).
+        ntodo = len(ready)
+        ran = ntodo  # less the cancelled, below
+        timed = self._debug or health.slow
+        if timed or _Handle._run is not _STOCK_HANDLE_RUN:
+            inline = _INLINE_NONE
+        else:
+            inline = _INLINE if _TimerHandle._run is _STOCK_HANDLE_RUN else _INLINE_HANDLE
+        popleft = ready.popleft
         for _ in range(ntodo):
-            handle = ready.popleft()
+            handle = popleft()
             if handle._cancelled:
                 ran -= 1
                 continue
-            if inline and (type(handle) is _Handle or type(handle) is _TimerHandle):
+            if type(handle) in inline:
                 try:
                     if handle._args:
                         handle._context.run(handle._callback, *handle._args)
-                    else:  # a task's step: no *args (and no tuple made for them)
+                    else:  # a reader or a task's step: no *args (and no tuple made)
                         handle._context.run(handle._callback)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
                     self._callback_failed(handle, exc)
+            elif timed:
+                self._run_timed(handle)
             else:
                 handle._run()
         handle = None  # Needed to break cycles when an exception occurs.
@@ -528,3 +448,28 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             writes.flush(True)  # include_feeds, positional: the cheaper call
         if self._stopping and health.timed:
             health.stopped()  # run_forever returns after this iteration
+
+    def _run_timed(self, handle: Any) -> None:
+        """Run *handle* timed: debug mode warns about a callback slower than
+        slow_callback_duration (stock, with loop.time()), the slow_callback
+        setting reports one (_slow, with the monotonic clock)."""
+        debug = self._debug
+        slow = self._health.slow
+        try:
+            self._current_handle = handle
+            t0 = self.time() if debug else 0.0
+            start = _monotonic() if slow else 0.0
+            handle._run()
+            if slow:
+                end = _monotonic()
+                if end - start >= slow:
+                    _slow.report(self, handle, end - start, end)
+            if debug:
+                dt = self.time() - t0
+                if dt >= self.slow_callback_duration:
+                    # Looked up per call: tests patch _compat.loop_logger().
+                    _compat.loop_logger().warning(
+                        "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
+                    )
+        finally:
+            self._current_handle = None

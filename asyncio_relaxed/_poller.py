@@ -12,7 +12,9 @@ needed to see.  HAProxy measured up to 4 ``epoll_ctl`` per keep-alive request
 from that dance, and +9 %/+14 % req/s from dropping it; libuv keeps a queue of
 changed watchers and flushes it in ``uv__io_poll`` just before ``epoll_wait``.
 
-This poller does the same.  For each fd it knows two masks:
+This poller does the same.  For each fd its table
+(:class:`~asyncio_relaxed._interest.InterestTable`, no system calls) knows two
+masks:
 
 * *wanted*: what the loop asked for (a key's ``events``), updated
   synchronously by ``register``/``modify``/``unregister`` so that ``get_key``
@@ -74,53 +76,50 @@ epoll's sharp edges, and what we do about each
 
 Where epoll does not exist, or ``ASYNCIO_RELAXED_POLLER`` forces it, the same
 bookkeeping drives a stdlib selector (kqueue, poll, select) through
-:class:`SelectorBackend`; a stdlib selector passed to the loop's constructor is
-wrapped the same way.
+:class:`~asyncio_relaxed._backends.SelectorBackend`; a stdlib selector passed to
+the loop's constructor is wrapped the same way.
 
-This module knows nothing of asyncio; it is tested with pipes and sockets only.
+Here: the selectors facade (keys made only when asked), the kernel calls the
+table asks for, the wait, and the recovery of edges 3-5.  The table's rules
+are :mod:`asyncio_relaxed._interest`'s; the backends are
+:mod:`asyncio_relaxed._backends`'.
+
+This module knows nothing of asyncio but the selector loop's convention for a
+key's data, a (reader, writer) pair (:meth:`DeferredSelector.ready_readers`);
+it is tested with pipes and sockets only.
 """
 
 from __future__ import annotations
 
 import errno
 import math
-import select
 import selectors
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ._backends import (
+    EPOLLIN,
+    HAS_EXCLUSIVE,
+    EpollBackend,
+    SelectorBackend,
+    default_backend,
+    kernel_to_mask,
+)
+from ._interest import BOTH, COMMON, WANTED, Change, InterestTable, Registration
 from ._stats import Counters
 
-__all__ = [
-    "EVENT_READ",
-    "EVENT_WRITE",
-    "DeferredSelector",
-    "EpollBackend",
-    "SelectorBackend",
-    "default_backend",
-]
+__all__ = ["EVENT_READ", "EVENT_WRITE", "DeferredSelector", "EpollBackend", "SelectorBackend",
+           "default_backend"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
-_BOTH = EVENT_READ | EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
-_HAS_EPOLL = hasattr(select, "epoll")
-_EPOLLIN = getattr(select, "EPOLLIN", 1)
-_EPOLLOUT = getattr(select, "EPOLLOUT", 4)
-
-
-def _kernel_to_mask(kmask: int) -> int:
-    """An epoll event mask as EVENT_READ/EVENT_WRITE.
-
-    Errors and hang-ups wake both directions, as in selectors.EpollSelector.
-    """
-    mask = 0
-    if kmask & ~_EPOLLIN:
-        mask |= EVENT_WRITE
-    if kmask & ~_EPOLLOUT:
-        mask |= EVENT_READ
-    return mask
+_MISSING: Any = object()
+# The methods whose replacement on an instance takes the loop off the
+# poller's own route (see DeferredSelector.replaced).
+_SELECTOR_METHODS = frozenset({"select", "ready", "ready_readers"})
+_new_key = tuple.__new__  # SelectorKey without its Python-level __new__
 
 
 def _fileobj_to_fd(fileobj: Any) -> int:
@@ -135,122 +134,6 @@ def _fileobj_to_fd(fileobj: Any) -> int:
     if fd < 0:
         raise ValueError(f"Invalid file descriptor: {fd}")
     return fd
-
-
-class EpollBackend:
-    """Direct select.epoll: ADD/MOD/DEL raise OSError with the kernel's errno."""
-
-    name = "epoll"
-
-    def __init__(self) -> None:
-        self._epoll = select.epoll()
-
-    def fileno(self) -> int:
-        return self._epoll.fileno()
-
-    @staticmethod
-    def _kernel_mask(mask: int) -> int:
-        kmask = 0
-        if mask & EVENT_READ:
-            kmask |= select.EPOLLIN
-        if mask & EVENT_WRITE:
-            kmask |= select.EPOLLOUT
-        return kmask
-
-    def add(self, fd: int, mask: int, exclusive: bool = False) -> None:
-        kmask = self._kernel_mask(mask)
-        if exclusive:
-            kmask |= select.EPOLLEXCLUSIVE
-        self._epoll.register(fd, kmask)
-
-    def modify(self, fd: int, mask: int) -> None:
-        self._epoll.modify(fd, self._kernel_mask(mask))
-
-    def remove(self, fd: int) -> None:
-        self._epoll.unregister(fd)
-
-    def poll(self, timeout: float | None, max_events: int) -> list[tuple[int, int]]:
-        return [
-            (fd, _kernel_to_mask(kmask))
-            for fd, kmask in self._epoll.poll(-1 if timeout is None else timeout, max_events)
-        ]
-
-    def close(self) -> None:
-        self._epoll.close()
-
-
-class SelectorBackend:
-    """Drives any stdlib selector through the EpollBackend interface.
-
-    ``add`` means "register whatever file the number names now": an existing
-    entry is dropped first, because a wrapped EpollSelector cannot tell a
-    reused number from the old file (its ``modify`` with an unchanged mask is
-    a no-op).  ``modify`` re-registers when the stdlib selector lost the fd.
-    """
-
-    def __init__(self, selector: selectors.BaseSelector) -> None:
-        self._selector = selector
-        self.name = type(selector).__name__.replace("Selector", "").lower() or "select"
-
-    def fileno(self) -> int:
-        fileno = getattr(self._selector, "fileno", None)
-        return fileno() if fileno is not None else -1
-
-    def add(self, fd: int, mask: int, exclusive: bool = False) -> None:
-        try:
-            self._selector.unregister(fd)
-        except KeyError:
-            pass
-        self._selector.register(fd, mask)
-
-    def modify(self, fd: int, mask: int) -> None:
-        try:
-            self._selector.modify(fd, mask)
-        except (KeyError, FileNotFoundError):
-            # Unknown to the selector, or a stdlib EpollSelector whose kernel
-            # entry vanished (it drops its key before raising): register anew.
-            self._selector.register(fd, mask)
-
-    def remove(self, fd: int) -> None:
-        try:
-            self._selector.unregister(fd)
-        except KeyError:
-            pass
-
-    def poll(self, timeout: float | None, max_events: int) -> list[tuple[int, int]]:
-        return [(key.fd, mask) for key, mask in self._selector.select(timeout)]
-
-    def close(self) -> None:
-        self._selector.close()
-
-
-def default_backend(kind: str = "auto") -> EpollBackend | SelectorBackend:
-    """The backend for a poller setting (auto, epoll, poll, select)."""
-    if kind in ("auto", "epoll") and _HAS_EPOLL:
-        return EpollBackend()
-    if kind == "epoll":
-        raise ValueError("ASYNCIO_RELAXED_POLLER='epoll' is not available on this platform; "
-                         "allowed here: auto|poll|select")
-    if kind == "poll":
-        if not hasattr(selectors, "PollSelector"):
-            raise ValueError("ASYNCIO_RELAXED_POLLER='poll' is not available on this "
-                             "platform; allowed here: auto|select")
-        return SelectorBackend(selectors.PollSelector())
-    if kind == "select":
-        return SelectorBackend(selectors.SelectSelector())
-    return SelectorBackend(selectors.DefaultSelector())
-
-
-# An fd's state in one small int (ints below 256 are shared objects):
-_WANTED = _BOTH  # bits 0-1: the mask the loop asked for; 0 when not registered
-_APPLIED_SHIFT = 2  # bits 2-3: the mask the kernel holds; 0 when it holds none
-_APPLIED = _BOTH << _APPLIED_SHIFT
-_OWNED = 16  # bit 4: own() was called and release() not yet (edge 1)
-# The state of nearly every fd of a server: a connection's socket, owned by
-# its transport, reading, and the kernel told so.  DeferredSelector._state leaves it
-# out (a registered fd without an entry is in this state), so an idle
-# connection costs one dict entry in the poller, not two.
-_COMMON = EVENT_READ | EVENT_READ << _APPLIED_SHIFT | _OWNED
 
 
 class _Mapping(Mapping[Any, SelectorKey]):
@@ -282,10 +165,6 @@ class _Mapping(Mapping[Any, SelectorKey]):
         return iter(self._poller._data)
 
 
-_MISSING: Any = object()
-_new_key = tuple.__new__  # SelectorKey without its Python-level __new__
-
-
 class DeferredSelector(selectors.BaseSelector):
     """A selector whose kernel updates are deferred to the next :meth:`select`.
 
@@ -294,13 +173,28 @@ class DeferredSelector(selectors.BaseSelector):
     calls.  ``on_error(fd, exc)`` is told about a deferred change the kernel
     refused for a reason other than the fd being closed (ENOMEM, ENOSPC).
 
-    Per registered fd it keeps the data (``_data``) and, unless it is
-    _COMMON, a small int (``_state``: wanted mask, applied mask, owned); it
-    makes SelectorKey objects only when asked (get_key, get_map, select).
-    A server holding 10,000 idle connections would otherwise keep 10,000
-    keys of 80 bytes and three tables.  The loop polls with :meth:`ready`,
-    which hands out (fd, data, mask) without making keys.
+    Per registered fd the table keeps its data and, unless it is COMMON, a
+    small int; SelectorKey objects are made only when asked (get_key,
+    get_map, select): a server holding 10,000 idle connections would
+    otherwise keep 10,000 keys of 80 bytes.  The loop polls with
+    :meth:`ready_readers` (or :meth:`ready`), which make no keys.
     """
+
+    #: Names of this selector's methods replaced on the instance (a wrapped
+    #: select(): time freezers, I/O meters), and of the driving loop's (its
+    #: _process_events, entered by the loop): while any is, the loop polls
+    #: through select() as stock does (asyncio_relaxed._loop).
+    replaced: frozenset[str] = frozenset()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SELECTOR_METHODS:
+            object.__setattr__(self, "replaced", self.replaced | {name})
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        if name in self.replaced:
+            object.__setattr__(self, "replaced", self.replaced - {name})
 
     def __init__(
         self,
@@ -315,15 +209,14 @@ class DeferredSelector(selectors.BaseSelector):
         self._backend: EpollBackend | SelectorBackend = backend
         self.stats = stats if stats is not None else Counters()
         self.on_error: Callable[[int, BaseException], None] | None = None
-        self._data: dict[int, Any] = {}  # registered fd -> its key's data
-        self._state: dict[int, int] = {}  # fd -> wanted | applied << 2 | owned (_get)
+        self._table = table = InterestTable()
+        self._data = table.data  # registered fd -> its key's data
+        self._state = table.states  # fd -> its state, when not what no entry says
         self._fileobjs: dict[int, Any] = {}  # registered fd -> file object, if not the fd
-        self._dirty: set[int] = set()  # fds whose wanted mask may differ
-        self._exclusive: set[int] = set()  # registered with EPOLLEXCLUSIVE
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
         self._map = _Mapping(self)
         self._closed = False
-        # The epoll object for the fast path of select(), None on other backends.
+        # The epoll object for the fast path of the wait, None on other backends.
         self._epoll: Any = backend._epoll if isinstance(backend, EpollBackend) else None
 
     # -- introspection -------------------------------------------------
@@ -331,6 +224,11 @@ class DeferredSelector(selectors.BaseSelector):
     @property
     def backend_name(self) -> str:
         return self._backend.name
+
+    @property
+    def pending_changes(self) -> int:
+        """Number of fds whose interest change has not reached the kernel."""
+        return len(self._table.dirty)
 
     def fileno(self) -> int:
         return self._backend.fileno()
@@ -351,10 +249,10 @@ class DeferredSelector(selectors.BaseSelector):
             raise
 
     def _key(self, fd: int, data: Any) -> SelectorKey:
-        """The key of registered *fd* (a registered fd without a state is _COMMON)."""
+        """The key of registered *fd* (a registered fd without a state is COMMON)."""
         return _new_key(
             SelectorKey,
-            (self._fileobjs.get(fd, fd), fd, self._state.get(fd, _COMMON) & _WANTED, data),
+            (self._fileobjs.get(fd, fd), fd, self._state.get(fd, COMMON) & WANTED, data),
         )
 
     def get_key(self, fileobj: Any) -> SelectorKey:
@@ -364,33 +262,7 @@ class DeferredSelector(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} is not registered")
         return self._key(fd, data)
 
-    def _get(self, fd: int) -> int:
-        """*fd*'s state: its entry, or _COMMON if registered, or 0."""
-        state = self._state.get(fd)
-        if state is None:
-            return _COMMON if fd in self._data else 0
-        return state
-
-    def _put(self, fd: int, state: int) -> None:
-        """Store *fd*'s state; call it after any change of ``_data[fd]``."""
-        if state == (_COMMON if fd in self._data else 0):
-            self._state.pop(fd, None)
-        else:
-            self._state[fd] = state
-
-    def _applied(self, fd: int) -> int:
-        """The mask the kernel holds for *fd* (0: none)."""
-        return (self._get(fd) & _APPLIED) >> _APPLIED_SHIFT
-
-    def _set_applied(self, fd: int, mask: int) -> None:
-        self._put(fd, (self._get(fd) & ~_APPLIED) | mask << _APPLIED_SHIFT)
-
-    @property
-    def pending_changes(self) -> int:
-        """Number of fds whose interest change has not reached the kernel."""
-        return len(self._dirty)
-
-    # -- ownership (edge 1) ----------------------------------------------
+    # -- ownership (edge 1) and listeners ----------------------------------
 
     def own(self, fd: int) -> None:
         """Promise to call :meth:`release` before closing *fd*.
@@ -398,20 +270,13 @@ class DeferredSelector(selectors.BaseSelector):
         Until then, removing *fd*'s registration is deferred to the next
         flush, so that a removal undone within the iteration costs nothing.
         """
-        self._put(fd, self._get(fd) | _OWNED)
+        self._table.own(fd)
 
     def release(self, fd: int) -> None:
-        """*fd* is about to be closed: apply its pending change now.
-
-        That includes a lazily kept reading interest: once the owner has
-        closed the fd, a duplicate of the file could keep the registration
-        alive where no number names it any more (edge 1).
-        """
-        state = self._get(fd) & ~_OWNED
-        self._put(fd, state)
-        self._dirty.discard(fd)
-        if state & _APPLIED:
-            self._flush_one(fd)
+        """*fd* is about to be closed: apply its pending change now."""
+        change = self._table.release(fd)
+        if change is not Change.NONE:
+            self._send(fd, change)
 
     def exclusive(self, fd: int) -> None:
         """Register *fd* with EPOLLEXCLUSIVE (where epoll has it) from now on.
@@ -420,8 +285,8 @@ class DeferredSelector(selectors.BaseSelector):
         The kernel allows the flag on ADD only, so a change of an exclusive
         registration is sent as DEL + ADD.  Cleared by unregister().
         """
-        if isinstance(self._backend, EpollBackend) and hasattr(select, "EPOLLEXCLUSIVE"):
-            self._exclusive.add(fd)
+        if isinstance(self._backend, EpollBackend) and HAS_EXCLUSIVE:
+            self._table.set_exclusive(fd)
 
     def reregister(self, fd: int) -> bool:
         """Register *fd* with the kernel anew: EPOLL_CTL_DEL, then EPOLL_CTL_ADD.
@@ -436,110 +301,87 @@ class DeferredSelector(selectors.BaseSelector):
         kernel holds exactly what is wanted for *fd* (a change pending, an
         fd epoll refused, or a backend other than epoll).
         """
-        if fd not in self._data or self._epoll is None or fd in self._dirty:
+        table = self._table
+        if fd not in self._data or self._epoll is None or fd in table.dirty:
             return False
-        state = self._state.get(fd, _COMMON)  # registered
-        if (state & _APPLIED) >> _APPLIED_SHIFT != state & _WANTED:
+        if table.applied(fd) != table.wanted(fd):
             return False
         self._remove_now(fd)
-        self._flush_one(fd)  # the ADD; errors as for any deferred change
+        self._send(fd, Change.APPLY)  # the ADD; errors as for any deferred change
         return True
 
     # -- changes --------------------------------------------------------
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
-        if not events or events & ~_BOTH:
+        if not events or events & ~BOTH:
             raise ValueError(f"Invalid events: {events!r}")
         fd = self._lookup(fileobj)  # a closed file object registered: KeyError below
         if fd in self._data:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
-        states = self._state
-        state = states.get(fd, 0) | events  # not registered: no entry means 0
-        self._data[fd] = data
         if fileobj is not fd:
             self._fileobjs[fd] = fileobj
-        if state == _COMMON:  # _put, inlined (registered now)
-            states.pop(fd, None)
-        else:
-            states[fd] = state
-        applied = (state & _APPLIED) >> _APPLIED_SHIFT
-        if state & _OWNED and applied:
-            # Removed earlier (this iteration, or lazily kept since) and the
-            # owner has not closed it: the kernel holds this very file, so
-            # only a difference from what it holds needs telling.
-            if events == applied:
-                self._dirty.discard(fd)
-            else:
-                self._dirty.add(fd)
-        else:
+        if self._table.register(fd, events, data) is Registration.APPLY:
             try:
                 self._apply(fd, events)
             except BaseException:
-                state = self._get(fd) & ~_WANTED
-                del self._data[fd]
+                self._table.forget(fd)
                 self._fileobjs.pop(fd, None)
-                self._put(fd, state)
                 raise
         return _new_key(SelectorKey, (fileobj, fd, events, data))
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
-        if not events or events & ~_BOTH:
+        if not events or events & ~BOTH:
             raise ValueError(f"Invalid events: {events!r}")
         fd = self._lookup(fileobj)
-        datas = self._data
-        if fd not in datas:
+        if fd not in self._data:
             raise KeyError(f"{fileobj!r} is not registered")
-        states = self._state
-        state = states.get(fd, _COMMON)  # registered
-        if events != state & _WANTED:
-            self._dirty.add(fd)
-            state = (state & ~_WANTED) | events
-            if state == _COMMON:  # _put, inlined
-                del states[fd]
-            else:
-                states[fd] = state
-        datas[fd] = data
+        self._table.modify(fd, events, data)
         return self._key(fd, data)
 
     def unregister(self, fileobj: Any) -> SelectorKey:
         fd = self._lookup(fileobj)
-        try:
-            data = self._data.pop(fd)
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
-        states = self._state
-        state = states.get(fd, _COMMON)  # it was registered
-        key = _new_key(SelectorKey, (self._fileobjs.pop(fd, fd), fd, state & _WANTED, data))
-        state &= ~_WANTED
-        if state:  # _put, inlined (not registered now)
-            states[fd] = state
-        else:
-            states.pop(fd, None)
-        self._exclusive.discard(fd)
+        if fd not in self._data:
+            raise KeyError(f"{fileobj!r} is not registered")
+        events, data, change = self._table.unregister(fd)
+        key = _new_key(SelectorKey, (self._fileobjs.pop(fd, fd), fd, events, data))
         if fd in self._always_ready:
             self._always_ready.discard(fd)
-            self._dirty.discard(fd)
-        elif state & _OWNED and state & _APPLIED:
-            self._dirty.add(fd)  # deferred: the owner releases before closing
-        else:
-            self._dirty.discard(fd)
-            if state & _APPLIED:
-                self._remove_now(fd)
+            self._table.dirty.discard(fd)
+        elif change is Change.REMOVE:
+            self._remove_now(fd)
         return key
+
+    def _send(self, fd: int, change: Change) -> None:
+        """Make the kernel hold *fd*'s wanted mask (Change.APPLY) or nothing
+        (Change.REMOVE).  A closed fd (EBADF) has nothing to wait on (edge
+        3); any other refusal is real but must not surface in an unrelated
+        caller: it goes to on_error."""
+        try:
+            if change is Change.REMOVE:
+                self._remove_now(fd)
+            else:
+                self._apply(fd, self._table.wanted(fd))
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                return
+            if self.on_error is None:
+                raise
+            self.on_error(fd, exc)
 
     def _apply(self, fd: int, mask: int) -> None:
         """Tell the kernel *mask* for *fd* now, whatever file the number names."""
         stats = self.stats
         backend = self._backend
-        if fd in self._exclusive:
-            if self._applied(fd):
+        table = self._table
+        if table.exclusive(fd):
+            if table.applied(fd):
                 self._remove_now(fd)
             stats.epoll_ctl_add += 1
             backend.add(fd, mask, exclusive=True)
-            self._set_applied(fd, mask)
+            table.set_applied(fd, mask)
             return
         try:
-            if self._applied(fd):
+            if table.applied(fd):
                 try:
                     stats.epoll_ctl_mod += 1
                     backend.modify(fd, mask)
@@ -556,17 +398,17 @@ class DeferredSelector(selectors.BaseSelector):
                     backend.modify(fd, mask)
         except PermissionError:
             # epoll refuses files that are always ready (edge 5).
-            self._set_applied(fd, 0)
+            table.set_applied(fd, 0)
             self._always_ready.add(fd)
             stats.always_ready_fds += 1
             return
         except BaseException:
-            self._set_applied(fd, 0)
+            table.set_applied(fd, 0)
             raise
-        self._set_applied(fd, mask)
+        table.set_applied(fd, mask)
 
     def _remove_now(self, fd: int) -> None:
-        self._set_applied(fd, 0)
+        self._table.set_applied(fd, 0)
         self.stats.epoll_ctl_del += 1
         try:
             self._backend.remove(fd)
@@ -576,47 +418,16 @@ class DeferredSelector(selectors.BaseSelector):
 
     def flush(self) -> None:
         """Send the net interest change of every dirty fd to the kernel."""
-        dirty = self._dirty
-        if not dirty:
+        table = self._table
+        if not table.dirty:
             return
-        self._dirty = set()
-        for fd in dirty:
-            self._flush_one(fd, lazy=True)
-
-    def _flush_one(self, fd: int, lazy: bool = False) -> None:
-        """Tell the kernel *fd*'s wanted mask, unless it already holds it.
-
-        With *lazy*, a change that only drops reading interest from an owned
-        fd is not sent (see "Lazy removal" above): safe because the owner
-        releases the fd before closing it, and select() applies the change
-        when an unwanted event comes.
-        """
-        state = self._get(fd)
-        wanted = state & _WANTED
-        applied = (state & _APPLIED) >> _APPLIED_SHIFT
-        if wanted == applied or fd in self._always_ready:
-            return
-        if (
-            lazy
-            and not wanted & ~applied  # nothing to add
-            and (applied & ~wanted) == EVENT_READ  # only reading dropped
-            and state & _OWNED
-            and fd not in self._exclusive
-        ):
-            return
-        if not wanted:
-            self._remove_now(fd)
-            return
-        try:
-            self._apply(fd, wanted)
-        except OSError as exc:
-            if exc.errno == errno.EBADF:
-                return  # closed while registered: nothing to wait on (edge 3)
-            # Anything else (ENOMEM, ENOSPC from max_user_watches) is real,
-            # but must not surface in an unrelated caller: report it.
-            if self.on_error is None:
-                raise
-            self.on_error(fd, exc)
+        always_ready = self._always_ready
+        for fd in table.take_dirty():
+            if fd in always_ready:
+                continue
+            change = table.change(fd, lazy=True)
+            if change is not Change.NONE:
+                self._send(fd, change)
 
     # -- waiting ---------------------------------------------------------
 
@@ -625,8 +436,72 @@ class DeferredSelector(selectors.BaseSelector):
         return [(self._key(fd, data), mask) for fd, data, mask in self.ready(timeout)]
 
     def ready(self, timeout: float | None = None) -> list[tuple[int, Any, int]]:
-        """select() for the loop: (fd, data, mask) per ready fd, no SelectorKey."""
-        if self._dirty:
+        """select() without keys: (fd, data, mask) per ready fd."""
+        events = self._wait(timeout)
+        ready = [] if events is None else self._translate(events)
+        self.stats.events += len(ready)
+        return ready
+
+    def ready_readers(self, timeout: float | None,
+                      readers: Any) -> list[tuple[int, Any, int]]:
+        """ready() for the selector loop, whose data is a (reader, writer)
+        pair: each event that is input alone on an fd in the COMMON state
+        appends its reader (``data[0]``) to *readers*, in the kernel's
+        order; every other event is returned as (fd, data, mask).
+
+        A COMMON fd is owned, reading and not writing: a transport's socket,
+        whose data is (its reader, None) and whose reader the transport
+        cancels only by removing it, so the reader needs no check here (the
+        caller skips one cancelled since, as stock's ready queue does).
+        The wait and the translation are :meth:`_wait`'s and
+        :meth:`_translate`'s, written out: this runs once per iteration of
+        a busy server, and its loop once per event.
+        """
+        epoll = self._epoll
+        if epoll is None:
+            return self.ready(timeout)
+        if self._table.dirty:
+            self.flush()
+        if self._always_ready:
+            timeout = 0
+        if timeout is None:
+            timeout = -1
+        elif timeout > 0:
+            timeout = math.ceil(timeout * 1e3) * 1e-3  # as in _wait
+        else:
+            timeout = 0
+        stats = self.stats
+        stats.poll_waits += 1
+        datas = self._data
+        try:
+            events = epoll.poll(timeout, len(datas) or 1)
+        except InterruptedError:
+            return []
+        states = self._state
+        append = readers.append
+        epollin = EPOLLIN
+        rest: list[tuple[int, Any, int]] = []
+        delivered = len(events)
+        for fd, kmask in events:
+            if kmask == epollin and fd not in states:
+                try:
+                    append(datas[fd][0])
+                    continue
+                except KeyError:  # not registered: a stray
+                    pass
+            if not self._cut(fd, kernel_to_mask(kmask), rest.append):
+                delivered -= 1
+        stats.events += delivered
+        if self._always_ready:
+            for fd in self._always_ready:
+                rest.append((fd, datas[fd], states.get(fd, COMMON) & WANTED))
+            stats.events += len(self._always_ready)
+        return rest
+
+    def _wait(self, timeout: float | None) -> list[tuple[int, int]] | None:
+        """Apply pending changes, then the kernel's (fd, mask) pairs: epoll
+        masks with the epoll backend, EVENT_* masks otherwise."""
+        if self._table.dirty:
             self.flush()
         if self._always_ready:
             timeout = 0
@@ -637,78 +512,62 @@ class DeferredSelector(selectors.BaseSelector):
                 # epoll_wait has millisecond resolution: round up so that a
                 # timer due in 0.3 ms does not become a busy loop of zero waits.
                 timeout = math.ceil(timeout * 1e3) * 1e-3
+        self.stats.poll_waits += 1
+        datas = self._data
+        epoll = self._epoll
+        try:
+            if epoll is not None:
+                return epoll.poll(-1 if timeout is None else timeout,  # type: ignore[no-any-return]
+                                  len(datas) or 1)
+            return self._backend.poll(timeout, max(len(datas), 1))
+        except InterruptedError:
+            return None
+
+    def _translate(self, events: list[tuple[int, int]]) -> list[tuple[int, Any, int]]:
+        """The kernel's pairs as (fd, data, mask), each mask cut to what is
+        wanted, and the always-ready fds."""
         datas = self._data
         states = self._state
-        stats = self.stats
-        stats.poll_waits += 1
         ready: list[tuple[int, Any, int]] = []
-        epoll = self._epoll
-        if epoll is not None:
-            # Fast path for the epoll backend, the one every event of a busy
-            # server goes through: the kernel's (fd, mask) pairs are turned
-            # into (fd, data, mask) in one pass, without EpollBackend.poll's
-            # intermediate list.  Same translation as EpollBackend.poll.
-            try:
-                fd_events = epoll.poll(-1 if timeout is None else timeout, len(datas) or 1)
-            except InterruptedError:
-                fd_events = []
-            append = ready.append
-            epollin = _EPOLLIN
-            for fd, kmask in fd_events:
-                if kmask == epollin and fd not in states and fd in datas:
-                    # The common case, by far: input on a registered fd in
-                    # the usual state (no _state entry: reading wanted and
-                    # applied), so nothing below could change the mask.
-                    append((fd, datas[fd], EVENT_READ))
-                    continue
-                data = datas.get(fd, _MISSING)
-                if data is _MISSING:
-                    self._unwanted(fd)
-                    continue
-                events = states.get(fd, _COMMON) & _WANTED
-                mask = _kernel_to_mask(kmask)
-                if mask & ~events:
-                    self._unwanted(fd)
-                    mask &= events
-                    if not mask:
-                        continue
-                append((fd, data, mask))
+        append = ready.append
+        if self._epoll is not None:
+            for fd, kmask in events:
+                self._cut(fd, kernel_to_mask(kmask), append)
         else:
-            try:
-                fd_events = self._backend.poll(timeout, max(len(datas), 1))
-            except InterruptedError:
-                fd_events = []
-            for fd, mask in fd_events:
-                data = datas.get(fd, _MISSING)
-                if data is _MISSING:
-                    self._unwanted(fd)
-                    continue
-                events = states.get(fd, _COMMON) & _WANTED
-                if mask & ~events:
-                    self._unwanted(fd)
-                    mask &= events
-                    if not mask:
-                        continue
-                ready.append((fd, data, mask))
+            for fd, mask in events:
+                self._cut(fd, mask, append)
         for fd in self._always_ready:
-            ready.append((fd, datas[fd], states.get(fd, _COMMON) & _WANTED))
-        stats.events += len(ready)
+            append((fd, datas[fd], states.get(fd, COMMON) & WANTED))
         return ready
 
-    def _unwanted(self, fd: int) -> None:
-        """The kernel reported a direction nobody wants on *fd*.
+    def _cut(self, fd: int, mask: int, append: Callable[[tuple[int, Any, int]], None]) -> bool:
+        """Report (fd, data, mask & wanted), unless nothing of it is wanted
+        (then False); an unwanted direction is handled first (:meth:`_unwanted`)."""
+        data = self._data.get(fd, _MISSING)
+        if data is _MISSING:
+            self._unwanted(fd)
+            return False
+        events = self._state.get(fd, COMMON) & WANTED
+        if mask & ~events:
+            self._unwanted(fd)
+            mask &= events
+            if not mask:
+                return False
+        append((fd, data, mask))
+        return True
 
-        Either a lazily kept reading interest (apply the removal now), an
-        error or hang-up (reported for both directions; nothing to do when
-        the kernel holds what is wanted), or a stray (edge 4).
-        """
-        state = self._get(fd)
-        if state & _OWNED and state & _APPLIED:
-            self._dirty.discard(fd)
-            if state & _WANTED:
-                self._flush_one(fd)  # a MOD, if the kernel holds more
-                return
-            self._set_applied(fd, 0)
+    def _unwanted(self, fd: int) -> None:
+        """The kernel reported a direction nobody wants on *fd*: a lazily
+        kept reading interest (send the change now), an error or hang-up
+        (reported for both directions; nothing to do when the kernel holds
+        what is wanted), or a stray (edge 4)."""
+        change = self._table.unwanted(fd)
+        if change is None:
+            self._stray(fd)
+        elif change is Change.APPLY:
+            self._send(fd, change)
+        elif change is Change.REMOVE:
+            self._table.set_applied(fd, 0)
             self.stats.epoll_ctl_del += 1
             try:
                 self._backend.remove(fd)
@@ -722,17 +581,12 @@ class DeferredSelector(selectors.BaseSelector):
                     # duplicate keeps the registration alive: epoll reports
                     # it under a number we cannot remove (edges 1 and 4).
                     self._rebuild()
-            return
-        if not state & _WANTED:
-            self._stray(fd)
-        # Otherwise an error or hang-up woke both directions of a registered
-        # fd whose kernel mask is what is wanted: nothing to change.
 
     def _stray(self, fd: int) -> None:
         """The kernel reported an fd we no longer watch (edge 4)."""
         if not isinstance(self._backend, EpollBackend):
             return
-        self._set_applied(fd, 0)
+        self._table.set_applied(fd, 0)
         try:
             self.stats.epoll_ctl_del += 1
             self._backend.remove(fd)
@@ -744,19 +598,14 @@ class DeferredSelector(selectors.BaseSelector):
         self._backend.close()
         self._backend = EpollBackend()
         self._epoll = self._backend._epoll
-        for fd in {*self._state, *self._data}:
-            self._set_applied(fd, 0)
-        self._dirty = set(self._data) - self._always_ready
+        self._table.reset_applied().difference_update(self._always_ready)
         self.flush()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._data.clear()
-        self._state.clear()
+        self._table.clear()
         self._fileobjs.clear()
-        self._dirty.clear()
-        self._exclusive.clear()
         self._always_ready.clear()
         self._backend.close()

@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import contextvars
 import socket
-import sys
 from typing import Any
 
 from . import _compat
 from ._accept import Listener, listener_class
 from ._config import Config
+from ._shared import TransportShared
+from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, is_tcp, set_options
 from ._stats import Counters
-from ._transport import SocketTransport, TransportShared, is_tcp, set_options
+from ._transport import SocketTransport
 
 __all__ = ["Serving"]
-
-# Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
-# to the sockets accept() returns; checked with getsockopt in the tests.
-_ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
 
 
 class Serving:
@@ -61,7 +58,7 @@ class Serving:
             # TCP_NODELAY and the keepalive options once on the listener
             # instead of once per connection: Linux copies them to every
             # accepted socket.
-            if _ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock):
+            if ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock):
                 set_options(sock, [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
                                    *self.shared.tcp_sockopts])
             if self.exclusive:
@@ -179,7 +176,7 @@ class Serving:
             protocol = listener.protocol_factory()
             transport = SocketTransport(
                 self.loop, conn, protocol, None, extra, listener.server, shared=self.shared,
-                inherited_options=_ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(conn),
+                inherited_options=ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(conn),
                 context=context,
             )
         except (SystemExit, KeyboardInterrupt):

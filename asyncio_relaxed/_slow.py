@@ -15,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from typing import Any
 
 from . import _compat
 
-__all__ = ["SlowCallback", "describe", "logger", "report", "run_ready_timed"]
+__all__ = ["SlowCallback", "describe", "logger", "report"]
 
 logger = logging.getLogger("asyncio_relaxed")
 
@@ -95,41 +94,3 @@ def report(loop: Any, handle: Any, seconds: float, now: float) -> None:
             {"message": "Unhandled error in the slow callback handler", "exception": exc,
              "handle": handle}
         )
-
-
-_monotonic = time.monotonic
-
-
-def run_ready_timed(loop: Any, ntodo: int) -> int:
-    """*ntodo* ready callbacks of *loop*, in debug mode or with slow_callback
-    set: each timed (stock's debug mode times them with loop.time(); the
-    slow_callback threshold with the monotonic clock); how many ran."""
-    ready = loop._ready
-    debug = loop._debug
-    slow = loop._health.slow
-    ran = 0
-    for _ in range(ntodo):
-        handle = ready.popleft()
-        if handle._cancelled:
-            continue
-        ran += 1
-        try:
-            loop._current_handle = handle
-            t0 = loop.time() if debug else 0.0
-            start = _monotonic() if slow else 0.0
-            handle._run()
-            if slow:
-                end = _monotonic()
-                if end - start >= slow:
-                    report(loop, handle, end - start, end)
-            if debug:
-                dt = loop.time() - t0
-                if dt >= loop.slow_callback_duration:
-                    # Looked up per call: tests patch _compat.loop_logger().
-                    _compat.loop_logger().warning(
-                        "Executing %s took %.3f seconds", _compat.format_handle(handle), dt
-                    )
-        finally:
-            loop._current_handle = None
-        handle = None  # Needed to break cycles when an exception occurs.
-    return ran

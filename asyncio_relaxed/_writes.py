@@ -1,4 +1,4 @@
-"""The per-iteration write queue: deferred writes and feed retries.
+"""The write side's states and the per-iteration write queue.
 
 Theory of operation
 ===================
@@ -7,20 +7,33 @@ A transport's write side is in exactly one of three states (its
 ``_write_state``):
 
 * ``IDLE``: nothing buffered, nothing pending;
-* ``QUEUED``: in this queue, which sets it IDLE and runs its send
-  (``_write_now``) once, after the iteration's callbacks: ``pending`` holds
-  deferred writes (write=deferred), ``feeding`` the short writes retried on
-  the next iteration without waiting for the socket (partial_write=feed);
+* ``QUEUED``: in this queue, which sets it IDLE and runs its send once,
+  after the iteration's callbacks: ``pending`` holds deferred writes
+  (write=deferred), ``feeding`` the short sends retried on the next
+  iteration without waiting for the socket (partial_write=feed);
 * ``POLLING``: waiting for EPOLLOUT, as stock asyncio does after a short send.
 
-The transport moves itself between the states (it knows its buffer); this
-queue only holds the transports in QUEUED and runs them.  A transport's
-buffer is non-empty only while it is QUEUED or POLLING, or while its send
-runs (``_sending``); and it is QUEUED or POLLING only with a non-empty
-buffer (every path that empties the buffer sets it IDLE).  So outside a
-send, a write that finds the buffer empty knows the transport is IDLE: it
-may send at once (the eager fast path) or queue it (the deferred one)
-without asking the state.
+Every transition is a method of :class:`WriteQueue`:
+
+=====================  ==============================  ==========================
+method                 from -> to                      when
+=====================  ==============================  ==========================
+:meth:`queue`          IDLE -> QUEUED (pending)        a deferred write
+:meth:`short`          IDLE -> QUEUED (feeding)        a short send, feed policy
+                       IDLE -> POLLING                 a short send, poll policy
+                                                       (or feed_limit reached)
+:meth:`unqueue`        QUEUED -> IDLE                  a send before the flush
+                                                       (past the high-water mark)
+:meth:`flush`          QUEUED -> IDLE, then the send   the end of the iteration
+:meth:`emptied`        POLLING or IDLE -> IDLE         the buffer went out
+=====================  ==============================  ==========================
+
+The invariant: a transport's buffer is non-empty only while it is QUEUED or
+POLLING, or while its send runs (``_sending``: a resume_writing() called
+from the send may write); and it is QUEUED or POLLING only with a non-empty
+buffer.  So outside a send, a write that finds the buffer empty knows the
+transport is IDLE: it may send at once (the eager fast path) or queue it
+(the deferred one) without asking the state.
 
 write=deferred queues the transport at its first write of an iteration, so
 that everything the iteration's callbacks write leaves in one ``sendmsg`` of
@@ -43,9 +56,12 @@ waiting for EPOLLOUT (libuv's pending queue), at most ``feed_limit`` times in
 a row, then polls: with a peer that reads slowly, feeding alone would keep
 the loop from ever blocking.
 
-On 3.15 a transport made with a context (a server's connections, gh-140947)
-has its callbacks run there; its send does too, so a resume_writing() or a
-connection_lost() it triggers sees the connection's context variables.
+What the queue asks of a transport: ``_write_state``, ``_feeds`` (feed
+retries in a row), ``_watch_write()`` / ``_unwatch_write()`` (EPOLLOUT on
+and off) and, on 3.15, ``_context``: a transport made with a context (a
+server's connections, gh-140947) has its send run there, so a
+resume_writing() or a connection_lost() it triggers sees the connection's
+context variables.
 
 This module knows nothing of asyncio.
 """
@@ -65,7 +81,8 @@ POLLING = 2
 
 
 class WriteQueue:
-    """The loop's queued transports and the write settings they obey."""
+    """The loop's queued transports, the write settings they obey, and the
+    transitions between the write states."""
 
     __slots__ = ("contexts", "deferred", "feed", "feed_limit", "feeding", "on_error", "pending",
                  "send", "stats")
@@ -94,22 +111,43 @@ class WriteQueue:
         return bool(self.pending or self.feeding)
 
     def queue(self, transport: Any) -> None:
-        """Queue *transport* (IDLE, with a buffer) for the next flush."""
-        self.stats.writes_deferred += 1
+        """IDLE -> QUEUED: *transport*'s buffer waits for the next flush."""
         transport._write_state = QUEUED
         self.pending.append(transport)
 
-    def feed_retry(self, transport: Any) -> bool:
-        """After a short send: queue a feed retry, unless *transport* has had
-        feed_limit of them in a row (then it should poll).  Whether queued."""
-        if not self.feed or transport._feeds >= self.feed_limit:
-            transport._feeds = 0
-            return False
-        transport._feeds += 1
-        self.stats.write_feeds += 1
-        transport._write_state = QUEUED
-        self.feeding.append(transport)
-        return True
+    def short(self, transport: Any) -> None:
+        """After a short send: nothing while QUEUED or POLLING already (the
+        rest goes with that); else a feed retry on the next iteration
+        (QUEUED), or EPOLLOUT (POLLING) under partial_write=poll or once
+        feed_limit retries in a row came up short."""
+        if transport._write_state:
+            return
+        if self.feed and transport._feeds < self.feed_limit:
+            transport._feeds += 1
+            self.stats.write_feeds += 1
+            transport._write_state = QUEUED
+            self.feeding.append(transport)
+            return
+        transport._feeds = 0
+        transport._write_state = POLLING
+        transport._watch_write()
+
+    @staticmethod
+    def unqueue(transport: Any) -> bool:
+        """QUEUED -> IDLE, for a send before the flush (which then skips the
+        transport); whether it was QUEUED."""
+        if transport._write_state == QUEUED:
+            transport._write_state = IDLE
+            return True
+        return False
+
+    @staticmethod
+    def emptied(transport: Any) -> None:
+        """-> IDLE: everything buffered went out (EPOLLOUT off if POLLING)."""
+        transport._feeds = 0
+        if transport._write_state == POLLING:
+            transport._unwatch_write()
+        transport._write_state = IDLE
 
     def flush(self, include_feeds: bool) -> None:
         """Run the send of every queued transport, in the order queued."""

@@ -1,8 +1,8 @@
-"""``python -m benchmarks run|compare|fairness|instructions``: see benchmarks.cli."""
+"""``python -m benchmarks run|compare|fairness|instructions|bytecodes|memory``:
+see benchmarks.cli."""
 
 import sys
 
 from benchmarks.cli import main
 
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

@@ -1,10 +1,15 @@
-"""The suite's one command line: ``python -m benchmarks run|compare|fairness|instructions``.
+"""The suite's one command line:
+``python -m benchmarks run|compare|fairness|instructions|bytecodes|memory``.
 
-``run`` and ``fairness`` go through the same runner (benchmarks.runner) and
-the same report (benchmarks.report): ``fairness`` is a grid of the
-``fairness-*`` workloads with its own defaults (the accept loops, 3 s runs).
-``instructions`` counts instructions per request under callgrind
-(benchmarks.instructions); ``compare`` reads two runs' JSON.
+``run`` and ``fairness`` go through the same runner
+(benchmarks.workloads.runner) and the same report
+(benchmarks.workloads.report): ``fairness`` is a grid of the ``fairness-*``
+workloads with its own defaults (the accept loops, 3 s runs); ``compare``
+reads two runs' JSON.  The count tools (benchmarks.counts): ``instructions``
+per request under callgrind, ``bytecodes`` per function (3.12+),
+``memory`` per idle connection by allocation site; each runs its children
+as ``python -m benchmarks TOOL --child ...``.  Nothing imports this module
+but ``benchmarks/__main__.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bytecodes, fairness, instructions, loops, memory, report, runner, workloads
+from benchmarks.counts import bytecodes, driver, instructions, memory
+from benchmarks.harness import loops
+from benchmarks.workloads import catalog, fairness, report, runner
 
 #: The --mode tokens of ``fairness`` (connection lifetimes) and the ones it
 #: runs when none is given: a new connection per request, and keep-alive.
@@ -39,13 +46,20 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _sizes(text: str) -> list[int | str]:
+def _size(text: str) -> int | str:
+    """A size of the count tools: bytes, or the tls, http or life workload."""
+    if text in (driver.HTTP, driver.TLS, driver.LIFE):
+        return text
     try:
-        return [part if part == instructions.HTTP else int(part)
-                for part in text.split(",") if part]
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes in bytes, or "
-                                         f"{instructions.HTTP}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, {driver.TLS} "
+                                         f"(1 KiB over TLS), {driver.HTTP} or "
+                                         f"{driver.LIFE} (a connection's life)") from None
+
+
+def _sizes(text: str) -> list[int | str]:
+    return [_size(part) for part in text.split(",") if part]
 
 
 def _tokens(allowed: Sequence[str]) -> Callable[[str], list[str]]:
@@ -99,13 +113,13 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run the default set of workloads (or --full, or --workloads)",
                        description="Run workloads on their loops: by default the default set "
-                       "(benchmarks/workloads.py), our default settings against every peer; "
-                       "progress on stderr, then a table per workload and a summary of our "
+                       "(benchmarks/workloads/catalog.py), our default settings against every "
+                       "peer; progress on stderr, then a table per workload and a summary of our "
                        "default loop against each peer.")
     r.add_argument("--full", action="store_true",
                    help="every workload on all its loops, not the default set")
     r.add_argument("--workloads", help="comma-separated names or shell patterns (echo-*), each "
-                   f"on all its loops; known: {', '.join(workloads.WORKLOADS)}")
+                   f"on all its loops; known: {', '.join(catalog.WORKLOADS)}")
     _loops_option(r, None)
     # 0.25 s of warm-up: the default set within 4 minutes with every peer
     # (docs/benchmarks.md, the default set).
@@ -143,8 +157,8 @@ def parser() -> argparse.ArgumentParser:
                        description=(instructions.__doc__ or "").split("\n\n")[0])
     _loops_option(i, instructions.DEFAULT_LOOPS)
     i.add_argument("--sizes", type=_sizes, default=list(instructions.DEFAULT_SIZES),
-                   help="message sizes in bytes, and/or http for the aiohttp "
-                   "workload (1024,102400)")
+                   help="message sizes in bytes, tls for the 1 KiB echo over TLS 1.3, "
+                   "http for the aiohttp workload (1024,102400)")
     _baseline_option(i, "count")
     i.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
     _output_options(i, charts=False)
@@ -154,11 +168,11 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bytecodes", help="bytecodes per request per function (Python 3.12+)",
                        description=(bytecodes.__doc__ or "").split("\n\n")[0])
     _loops_option(b, bytecodes.DEFAULT_LOOPS)
-    b.add_argument("--size", type=lambda v: v if v == instructions.HTTP else int(v),
-                   default=1024, help="message size in bytes, or http for the aiohttp "
-                   "workload (1024)")
+    b.add_argument("--size", type=_size, default=1024,
+                   help="message size in bytes, tls for the 1 KiB echo over TLS 1.3, or "
+                   "http for the aiohttp workload (1024)")
     b.add_argument("--rounds", type=int, default=bytecodes.ROUNDS,
-                   help=f"measured rounds of {instructions.PAIRS} requests ({bytecodes.ROUNDS})")
+                   help=f"measured rounds of {driver.PAIRS} requests ({bytecodes.ROUNDS})")
     b.add_argument("--top", type=int, default=bytecodes.TOP,
                    help=f"functions in the second table ({bytecodes.TOP})")
     _output_options(b, charts=False)
@@ -172,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"idle connections traced ({memory.CONNECTIONS})")
     m.add_argument("--top", type=int, default=memory.TOP,
                    help=f"sites in the second table ({memory.TOP})")
+    m.add_argument("--tls", action="store_true", help="idle connections over TLS 1.3")
     _output_options(m, charts=False)
     m.add_argument("--child", nargs=2, metavar=("LOOP", "CONNECTIONS"), help=argparse.SUPPRESS)
     return top
@@ -191,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bytecodes.child_main(*args.child)
         return 0
     if args.command == "memory" and args.child:
-        memory.child_main(*args.child)
+        memory.child_main(*args.child, over_tls=args.tls)
         return 0
     names = _names(args.loops)
     for name in names or ():
@@ -202,19 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.connections < 1 or args.top < 1:
             p.error("--connections and --top must be >= 1")
         return memory.run(names or [], connections=args.connections, top=args.top,
-                          results=args.results, command=command)
+                          folder=args.results, command=command, over_tls=args.tls)
     if args.command == "bytecodes":
         if args.rounds < 1 or args.top < 1:
             p.error("--rounds and --top must be >= 1")
         return bytecodes.run(names or [], args.size, rounds=args.rounds, top=args.top,
-                             results=args.results, command=command)
+                             folder=args.results, command=command)
     if args.command == "instructions":
         return instructions.run(names or [], args.sizes, baseline=args.baseline,
-                                jobs=args.jobs, results=args.results, command=command)
+                                jobs=args.jobs, folder=args.results, command=command)
     if args.repeat < 1 or args.duration <= 0 or args.warmup < 0:
         p.error("--repeat must be >= 1, --duration > 0 and --warmup >= 0")
     if args.command == "fairness":
-        chosen = [workloads.fairness(w, c, mode, placement)
+        chosen = [catalog.fairness(w, c, mode, placement)
                   for placement in args.placement for w in args.workers
                   for mode in args.mode for c in args.concurrency]
         if "mixed" in args.mode and min(args.concurrency) < 2:
@@ -227,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      repeat=args.repeat, syscalls=syscalls, baseline=baseline,
                      command=command,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
-    write_reports(doc, args.results, charts=not args.no_charts)
+    report.write_reports(doc, args.results, charts_too=not args.no_charts)
     return 0
 
 
@@ -241,16 +256,3 @@ def _run_document(p: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
         p.error(f"{path} is not the JSON of a run or fairness command (it has no "
                 "\"workloads\"): compare reads those only")
     return doc
-
-
-def write_reports(doc: dict[str, Any], directory: Path, *, charts: bool) -> None:
-    """Save a run's JSON, Markdown and charts, and print its tables and summary."""
-    path = runner.save(doc, directory)
-    made = report.charts(doc, path.with_suffix("")) if charts else []
-    if charts and not made:
-        print("note: matplotlib is not installed; no charts (pip install matplotlib)",
-              file=sys.stderr)
-    md = path.with_suffix(".md")
-    md.write_text(report.markdown(doc, made))
-    report.terminal(doc)
-    print(f"\nresults: {path}  report: {md}" + "".join(f"  chart: {p}" for p in made))

@@ -1,40 +1,71 @@
-"""The examples' ``--loop``: the loop table of benchmarks/loops.py.
+"""The examples' ``--loop``: a small table of their own.
 
-The examples run as scripts from the checkout (``python
-examples/echo_server.py``), which puts examples/, not the checkout, on
-sys.path: the checkout is appended here, so ``benchmarks.loops`` is the same
-table for the tests, the examples and the benchmarks, and every package
-installed in the environment still comes first.
+Stock asyncio, uvloop when it is installed, and asyncio_relaxed with its
+defaults and in each write mode; a script's own options (``--write``,
+``--accept``, ...) set the rest of our loop's settings.  Only the public API
+of asyncio_relaxed is used.  (The benchmarks have the full table, with the
+other peers and every preset: benchmarks/harness/loops.py.)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+import asyncio
+import importlib.util
+from collections.abc import Callable
 
-CHECKOUT = str(Path(__file__).resolve().parent.parent)
-if CHECKOUT not in sys.path:
-    sys.path.append(CHECKOUT)
+import asyncio_relaxed
 
-from benchmarks import loops  # noqa: E402  (importable from the checkout only)
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+#: Name -> asyncio_relaxed settings (keywords of new_event_loop), or None
+#: for a loop that is not ours.
+LOOPS: dict[str, dict[str, str] | None] = {
+    "asyncio": None,
+    "uvloop": None,
+    "relaxed": {},  # the defaults, or the environment's ASYNCIO_RELAXED_* settings
+    "relaxed-eager": {"write": "eager"},
+    "relaxed-deferred": {"write": "deferred"},
+}
+
+
+def missing(name: str) -> str | None:
+    """Why loop *name* cannot run here, or None."""
+    if name not in LOOPS:
+        return f"unknown loop {name!r}; known: {', '.join(LOOPS)}"
+    if name == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        return "uvloop is not installed (pip install uvloop)"
+    return None
 
 
 def add_loop_option(parser: argparse.ArgumentParser, default: str = "relaxed") -> None:
-    parser.add_argument("--loop", choices=loops.EVENT_LOOPS, default=default, metavar="NAME",
-                        help=f"the event loop ({default}): {', '.join(loops.EVENT_LOOPS)}; "
-                        "relaxed-* are asyncio_relaxed's presets (benchmarks/loops.py)")
+    parser.add_argument("--loop", choices=tuple(LOOPS), default=default, metavar="NAME",
+                        help=f"the event loop ({default}): {', '.join(LOOPS)}")
 
 
 def loop_factory(parser: argparse.ArgumentParser, name: str,
-                 **settings: str | None) -> loops.LoopFactory:
+                 **settings: str | None) -> LoopFactory:
     """The factory of loop *name* with asyncio_relaxed *settings* (None: the
-    preset's, else the environment's); a loop that cannot run here, or
-    settings given to another loop than ours, stop the script with the reason."""
-    why = loops.missing(name)
+    loop's own, else the environment's); a loop that cannot run here, a bad
+    setting, or settings given to another loop than ours stop the script
+    with the reason."""
+    why = missing(name)
     if why:
         parser.error(f"--loop {name}: {why}")
+    given = {key: value for key, value in settings.items() if value is not None}
+    preset = LOOPS[name]
+    if preset is None:
+        if given:
+            parser.error(f"--loop {name}: {', '.join(given)} are settings of asyncio_relaxed; "
+                         "use --loop relaxed")
+        if name == "uvloop":
+            import uvloop
+
+            return uvloop.new_event_loop
+        return asyncio.SelectorEventLoop
+    options = {**preset, **given}
     try:
-        return loops.factory(name, **settings)
-    except ValueError as exc:
+        asyncio_relaxed.resolve(options)  # a bad value fails here, naming it
+    except (TypeError, ValueError) as exc:
         parser.error(f"--loop {name}: {exc}")
+    return lambda: asyncio_relaxed.new_event_loop(**options)

@@ -13,7 +13,8 @@ to CPU 1, loops interleaved, median of the repeats::
 The comparison is a quick look, not the benchmark suite: it reports
 requests/s, the server's CPU microseconds per request (its own user+system
 time, robust when the client is the bottleneck) and, for asyncio_relaxed,
-system calls and callbacks per request from loop.statistics().
+system calls and callbacks per request from loop.statistics(); its last
+line is the same medians as JSON, by loop.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from _loops import add_loop_option, loop_factory, loops
+from _loops import add_loop_option, loop_factory, missing
 
 # -- the server -----------------------------------------------------------------
 
@@ -210,7 +211,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
 def compare(args: argparse.Namespace) -> None:
     names = [n for n in args.loops.split(",") if n]
     samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    skipped = {n: why for n in names if (why := loops.missing(n))}
+    skipped = {n: why for n in names if (why := missing(n))}
     for n, why in skipped.items():
         print(f"note: {n} skipped: {why}", file=sys.stderr)
     for round_ in range(args.repeat + 1):  # round 0 is the warm-up
@@ -225,19 +226,29 @@ def compare(args: argparse.Namespace) -> None:
     header = f"{'loop':<18}{'req/s':>10}{'CPU µs/req':>12}{'p50 µs':>9}{'p99 µs':>9}" \
              f"{'syscalls/req':>14}{'callbacks/req':>15}"
     print(header)
+    table: dict[str, dict[str, float | None]] = {}
     for name in names:
         runs = samples[name]
         if not runs:
             continue
 
-        def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
             values = [r[key] for r in runs if key in r]
-            return statistics.median(values) if values else float("nan")
+            return statistics.median(values) if values else None
 
-        rps = statistics.median(r["requests"] / r["elapsed"] for r in runs)
-        print(f"{name:<18}{rps:>10.0f}{med('cpu_us_per_request'):>12.1f}{med('p50_us'):>9.0f}"
-              f"{med('p99_us'):>9.0f}{med('syscalls_per_request'):>14.2f}"
-              f"{med('callbacks_per_request'):>15.2f}")
+        row = table[name] = {
+            "req_per_s": statistics.median(r["requests"] / r["elapsed"] for r in runs),
+            **{key: med(key) for key in ("cpu_us_per_request", "p50_us", "p99_us",
+                                         "syscalls_per_request", "callbacks_per_request")}}
+        cells = [f"{row[key]:{fmt}}" if row[key] is not None
+                 else "—".rjust(int(fmt[1:].split(".")[0]))
+                 for key, fmt in (("req_per_s", ">10.0f"), ("cpu_us_per_request", ">12.1f"),
+                                  ("p50_us", ">9.0f"), ("p99_us", ">9.0f"),
+                                  ("syscalls_per_request", ">14.2f"),
+                                  ("callbacks_per_request", ">15.2f"))]
+        print(f"{name:<18}" + "".join(cells))
+    # The same medians for a program to read, by loop and by name.
+    print(json.dumps({"loops": table}), flush=True)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import socket
 import sys
 from typing import Any
 
-from _loops import add_loop_option, loop_factory, loops
+from _loops import LoopFactory, add_loop_option, loop_factory
 
 
 class Answer(asyncio.Protocol):
@@ -45,7 +45,7 @@ class Answer(asyncio.Protocol):
         self.transport.write((Answer.worker + b"\n") * lines)
 
 
-def worker(index: int, sock: socket.socket, factory: loops.LoopFactory, report: int) -> None:
+def worker(index: int, sock: socket.socket, factory: LoopFactory, report: int) -> None:
     """The child: make its loop, serve on the shared socket until SIGTERM, then report."""
     loop = factory()
     Answer.worker = str(index).encode()
@@ -141,7 +141,8 @@ def main() -> None:
               f"{r['connections'] / total:>7.1%} {r['requests']:>9}")
     print(f"Jain's index over connections: {jain(connections):.3f}; "
           f"max/min: {max(connections)}/{min(connections)}")
-    print(json.dumps({"connections": connections, "jain": jain(connections)}), flush=True)
+    print(json.dumps({"connections": connections, "requests": [r["requests"] for r in results],
+                      "jain": jain(connections)}), flush=True)
     sys.exit(0)
 
 

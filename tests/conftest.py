@@ -2,7 +2,7 @@
 
 ``loop`` is parametrized over stock asyncio, uvloop (skipped with the reason
 when it cannot run here) and asyncio_relaxed in each write x partial-write
-setting, from the one loop table (benchmarks/loops.py).  A test fails on any
+setting, from the one loop table (benchmarks/harness/loops.py).  A test fails on any
 call of the loop's exception handler it did not declare with
 ``loop_errors.expect(...)``.
 """
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from benchmarks.loops import SPECS, SUITE_LOOPS, factory, missing
+from benchmarks.harness.loops import SPECS, SUITE_LOOPS, factory, missing
 
 #: Our loop's settings in the suite: write x partial_write, by loop name
-#: (the names are benchmarks/loops.py's, the one loop table).
+#: (the names are benchmarks/harness/loops.py's, the one loop table).
 RELAXED_SETTINGS = {
     name: dict(SPECS[name].settings) for name in SUITE_LOOPS if SPECS[name].kind == "relaxed"
 }

@@ -238,6 +238,48 @@ def test_nodelay_on_listener_accepted_and_client_sockets(write: str) -> None:
         loop.close()
 
 
+@pytest.mark.parametrize("factory", ["asyncio", "eager", "deferred"])
+def test_nodelay_on_a_listener_made_without_a_protocol(factory: str) -> None:
+    """``socket.socket(AF_INET)`` has proto 0 (uvicorn --fd/--workers and
+    gunicorn make their listeners so): stock sets TCP_NODELAY only where
+    proto is IPPROTO_TCP, so its accepted sockets keep Nagle's algorithm;
+    ours sets it on the listener whatever its proto, and Linux copies it to
+    each accepted socket (README, Migrating from uvloop)."""
+    if factory == "asyncio":
+        loop: Any = asyncio.SelectorEventLoop()
+    else:
+        loop = asyncio_relaxed.new_event_loop(write=factory)
+    nodelay = (socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    assert listener.proto == 0
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[Any] = []
+
+    class Keep(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            accepted.append(transport)
+
+    async def main() -> None:
+        server = await loop.create_server(Keep, sock=listener)
+        client, _ = await loop.create_connection(asyncio.Protocol,
+                                                 *listener.getsockname())
+        while not accepted:
+            await asyncio.sleep(0)
+        expected = 0 if factory == "asyncio" else 1
+        assert listener.getsockopt(*nodelay) == expected
+        assert accepted[0].get_extra_info("socket").getsockopt(*nodelay) == expected
+        client.close()
+        accepted[0].close()
+        server.close()
+        await server.wait_closed()
+
+    try:
+        run(loop, main())
+    finally:
+        loop.close()
+
+
 def test_keepalive_knobs_on_listener_accepted_and_client_sockets() -> None:
     loop = asyncio_relaxed.new_event_loop(
         keepalive=True, keepalive_idle=30, keepalive_interval=5, keepalive_count=3
@@ -602,7 +644,7 @@ def test_balanced_gates_converge_after_48_idle_rests() -> None:
 
 def gate(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> _accept.BalancedGate:
     """The balanced listener's cooldown state."""
-    listener = loop._shared.serving.listeners[server.sockets[0].fileno()]
+    listener = loop._serving.listeners[server.sockets[0].fileno()]
     assert isinstance(listener, _accept.BalancedListener)
     return listener.gate
 
@@ -611,7 +653,7 @@ def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> floa
     """The loop time at which the listener's rest ends, None when it is not
     resting.  (Compared with times read around the iteration that scheduled
     it, not with now: a slow machine may be past a 0.3 ms rest already.)"""
-    listener = loop._shared.serving.listeners[server.sockets[0].fileno()]
+    listener = loop._serving.listeners[server.sockets[0].fileno()]
     if listener.state is not _accept.ListenerState.RESTING:
         return None
     return float(listener.timer.when())
@@ -619,7 +661,7 @@ def rest_end(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> floa
 
 def end_rest(loop: asyncio_relaxed.Loop, server: asyncio.AbstractServer) -> None:
     """End the listener's rest now: its timer's callback, run once."""
-    handle = loop._shared.serving.listeners[server.sockets[0].fileno()].timer
+    handle = loop._serving.listeners[server.sockets[0].fileno()].timer
     callback, args = handle._callback, handle._args
     handle.cancel()
     callback(*args)
@@ -673,12 +715,12 @@ def test_balanced_stop_serving_cancels_the_rest(
                 break
         assert rest_end(loop, server) is not None
         fd = server.sockets[0].fileno()
-        listener = loop._shared.serving.listeners[fd]
+        listener = loop._serving.listeners[fd]
         handle = listener.timer
         served.stop(loop, server)
         assert handle.cancelled() and listener.timer is None
         assert listener.state is _accept.ListenerState.STOPPED
-        assert fd not in loop._shared.serving.listeners
+        assert fd not in loop._serving.listeners
     finally:
         loop.close()
 
@@ -927,7 +969,7 @@ def test_balanced_emfile_backs_off_once(
         assert len(loop._transports) == ok  # what was accepted is served
         resumes = [
             h for h in loop._scheduled
-            if not h.cancelled() and h._callback == loop._shared.serving.resume
+            if not h.cancelled() and h._callback == loop._serving.resume
         ]
         assert len(resumes) == 1
         resumes[0].cancel()

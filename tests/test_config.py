@@ -39,7 +39,7 @@ DEFAULTS = {
     "keepalive_interval": 0,
     "keepalive_count": 0,
     "poller": Poller.AUTO,
-    "time_metrics": False,
+    "time_metrics": True,
     "slow_callback": 0.0,
     "read_size": 256 * 1024,
 }
@@ -74,7 +74,7 @@ NON_DEFAULT = {
     "keepalive_interval": ("5", 5),
     "keepalive_count": ("3", 3),
     "poller": ("select", Poller.SELECT),
-    "time_metrics": ("1", True),
+    "time_metrics": ("off", False),
     "slow_callback": ("0.25", 0.25),
     "read_size": ("2048", 2048),
 }

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import fairness, report, runner
+from benchmarks.harness import maths, processes
+from benchmarks.workloads import fairness, report, runner
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -41,12 +43,20 @@ def test_run_once_schema_and_numbers(loop: str, mode: str, placement: str) -> No
         if name == "max_min" and value == math.inf:
             continue  # one worker served nothing in so short a window
         assert math.isfinite(value) and value > 0, (name, value)
-    assert 0.5 <= metrics["jain"] <= 1.0 and 0.5 <= metrics["jain_requests"] <= 1.0
     per_worker = result["per_worker"]
     assert isinstance(per_worker, dict)
     assert set(per_worker) == {"connections", "requests", "cpu_s", "p99_us"}
     assert all(len(values) == 2 for values in per_worker.values())
     assert all(isinstance(n, int) and n >= 0 for n in per_worker["connections"])
+    # The indices are over what the workers reported (with two workers any
+    # split lies in [0.5, 1]: a bound alone could not fail).
+    assert metrics["jain"] == pytest.approx(maths.jain(per_worker["connections"]))
+    assert metrics["jain_requests"] == pytest.approx(maths.jain(per_worker["requests"]))
+    if mode == "close":
+        # One request per connection: a worker's counts differ only by the
+        # requests in flight at the two window marks, at most one per client each.
+        for conns, reqs in zip(per_worker["connections"], per_worker["requests"], strict=True):
+            assert abs(conns - reqs) <= 2 * 4, per_worker
     assert all(t >= 0 for t in per_worker["cpu_s"])
     # The reply names its worker: a worker the client heard from in its
     # window has its own p99 (None: none in the window).
@@ -89,7 +99,7 @@ def test_the_fairness_command_reports_like_a_run(tmp_path: Path) -> None:
          "--workers", "2", "--concurrency", "2", "--mode", "close,keepalive",
          "--duration", "0.3", "--warmup", "0.1", "--repeat", "2", "--no-charts",
          "--results", str(tmp_path)],
-        cwd=runner.ROOT, capture_output=True, text=True, timeout=50,
+        cwd=processes.ROOT, capture_output=True, text=True, timeout=50,
     )
     assert proc.returncode == 0, proc.stderr
     assert "[1/8 " in proc.stderr and "[8/8 " in proc.stderr  # progress, run by run
@@ -105,7 +115,13 @@ def test_the_fairness_command_reports_like_a_run(tmp_path: Path) -> None:
         for data in entry["loops"].values():
             assert len(data["samples"]) == 2
             assert set(data["median"]) >= set(fairness.METRICS) - {"max_min"}
-            assert 0.5 <= data["median"]["jain"] <= 1.0
+            # Each sample's index is over its workers' connections, and the
+            # table's figure is the median of the samples'.
+            for sample in data["samples"]:
+                assert sample["jain"] == pytest.approx(
+                    maths.jain(sample["per_worker"]["connections"]))
+            assert data["median"]["jain"] == pytest.approx(
+                statistics.median(s["jain"] for s in data["samples"]))
         header, rows = report.rows(entry)
         assert header[-1] == "conn/s vs batch"
         assert rows[1][-1] == f"1.00{report.TIMES}"  # relaxed-batch over itself

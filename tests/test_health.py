@@ -96,7 +96,7 @@ def clock_reads(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def test_without_time_metrics_the_loop_reads_no_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     reads = clock_reads(monkeypatch)
-    loop = asyncio_relaxed.new_event_loop()
+    loop = asyncio_relaxed.new_event_loop(time_metrics=False)
     try:
         for _ in range(5):
             loop.call_soon(lambda: None)

@@ -1,7 +1,8 @@
 """The folders show the architecture: bottom modules know nothing of asyncio.
 
-_config, _stats and _poller are state machines tested without sockets or a
-loop (h11 style); only _loop binds them; examples and benchmarks use the
+_config, _stats, _interest and _writes are state machines tested without
+sockets or a loop (h11 style), _poller and _accept with sockets only; only
+_loop binds them; examples and benchmarks use the
 public namespace only.  Read with ast, so a new import that breaks the
 layering fails here.
 """
@@ -20,16 +21,22 @@ PACKAGE = ROOT / "asyncio_relaxed"
 ALLOWED = {
     "_config": set(),
     "_stats": set(),
-    "_poller": {"_stats"},
+    "_interest": set(),
+    "_backends": set(),
+    "_poller": {"_backends", "_interest", "_stats"},
     "_writes": {"_stats"},
+    "_sockets": set(),
+    "_shared": {"_config", "_sockets", "_stats", "_writes"},
     "_accept": {"_config"},
     "_compat": set(),
-    "_transport": {"_compat", "_config", "_stats", "_writes"},
-    "_serving": {"_accept", "_compat", "_config", "_stats", "_transport"},
+    "_basetransport": {"_compat", "_shared"},
+    "_transport": {"_basetransport", "_compat", "_shared", "_sockets", "_writes"},
+    "_serving": {"_accept", "_compat", "_config", "_shared", "_sockets", "_stats",
+                 "_transport"},
     "_health": set(),
     "_slow": {"_compat"},
-    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_serving", "_slow",
-              "_stats", "_transport"},
+    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_serving", "_shared",
+              "_slow", "_stats", "_transport"},
     "_policy": {"_compat", "_config", "_loop"},
     "__init__": {"_accept", "_compat", "_config", "_health", "_loop", "_policy", "_slow",
                  "_stats"},
@@ -37,7 +44,8 @@ ALLOWED = {
     "__main__": {"__init__", "_config"},
     "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
-BOTTOM = {"_config", "_stats", "_poller", "_writes", "_accept", "_health"}
+BOTTOM = {"_config", "_stats", "_interest", "_backends", "_poller", "_writes", "_sockets",
+          "_shared", "_accept", "_health"}
 
 
 def imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
@@ -131,3 +139,122 @@ def test_examples_use_the_public_api(folder: str) -> None:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 if node.value.id == "asyncio_relaxed":
                     assert not node.attr.startswith("_"), f"{path}: asyncio_relaxed.{node.attr}"
+
+
+# -- benchmarks/: three parts that import one way ------------------------------------
+
+BENCHMARKS = ROOT / "benchmarks"
+#: The part of benchmarks/ a module belongs to -> the parts it may import.
+#: The harness (loops, processes, maths, tables, results, tls) imports no
+#: other part; the throughput workloads and the count tools import the
+#: harness, never each other; the command line imports all three; only
+#: ``python -m benchmarks`` (__main__) imports the command line.
+BENCH_ALLOWED = {
+    "__init__": set(),
+    "harness": {"harness"},
+    "workloads": {"harness", "workloads"},
+    "counts": {"harness", "counts"},
+    "cli": {"harness", "workloads", "counts"},
+    "__main__": {"cli"},
+}
+
+
+def _bench_module(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _bench_part(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _bench_imports(path: pathlib.Path) -> set[str]:
+    """The modules of benchmarks/ that *path* imports, anywhere in it
+    (functions too: a lazy import is an import)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "benchmarks")
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.split(".")[0] != "benchmarks":
+                continue
+            found.add(node.module)
+            for alias in node.names:  # "from benchmarks.harness import loops": a module
+                sub = f"{node.module}.{alias.name}"
+                if (ROOT / (sub.replace(".", "/") + ".py")).exists():
+                    found.add(sub)
+    return found
+
+
+def _bench_graph() -> dict[str, set[str]]:
+    return {_bench_module(p): _bench_imports(p) for p in sorted(BENCHMARKS.rglob("*.py"))}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """An import circle of *graph* (module -> modules it imports), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_benchmarks_import_one_way() -> None:
+    graph = _bench_graph()
+    assert "benchmarks.harness.loops" in graph and "benchmarks.cli" in graph
+    for module, imported in graph.items():
+        part = _bench_part(module)
+        assert part in BENCH_ALLOWED, f"{module}: a new part of benchmarks/? list it here"
+        for other in imported:
+            if other == "benchmarks" or (other.endswith(("harness", "workloads", "counts")) and \
+                    other.count(".") == 1):
+                continue  # a package's (empty) __init__
+            assert _bench_part(other) in BENCH_ALLOWED[part], (
+                f"{module} imports {other}: against the direction "
+                f"({part} may import {sorted(BENCH_ALLOWED[part]) or 'nothing'})")
+
+
+def test_benchmarks_have_no_import_circle() -> None:
+    assert _cycle(_bench_graph()) is None, _cycle(_bench_graph())
+
+
+#: Calls that start a process, and those that write a file.
+_SPAWNS = {("subprocess", "Popen"), ("subprocess", "run"), ("subprocess", "call"),
+           ("subprocess", "check_call"), ("subprocess", "check_output"), ("os", "system"),
+           ("os", "posix_spawn"), ("os", "execv"), ("os", "execvp")}
+_WRITES = {"write_text", "write_bytes", "savefig", "dump"}
+
+
+@pytest.mark.parametrize("path", sorted(BENCHMARKS.rglob("*.py")), ids=lambda p: p.name)
+def test_one_child_launcher_and_one_results_writer(path: pathlib.Path) -> None:
+    """Processes start in harness/processes.py only; files are written by
+    harness/results.py only (the certificates by trustme, in harness/tls.py)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        func = node.func
+        owner = func.value.id if isinstance(func.value, ast.Name) else None
+        if (owner, func.attr) in _SPAWNS:
+            assert path.name == "processes.py", f"{path}: {owner}.{func.attr}: use processes.spawn"
+        if func.attr in _WRITES:
+            assert path.name == "results.py", f"{path}: .{func.attr}(): use results.save"

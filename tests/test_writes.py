@@ -1,5 +1,5 @@
-"""The write queue (asyncio_relaxed._writes) without sockets or a loop: fake
-transports record what the queue makes them do."""
+"""The write states and queue (asyncio_relaxed._writes) without sockets or a
+loop: fake transports record what the transitions make them do."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ class Fake:
         self._write_state = IDLE
         self._feeds = 0
 
+    def _watch_write(self) -> None:
+        self.log.append(f"watch {self.name}")
+
+    def _unwatch_write(self) -> None:
+        self.log.append(f"unwatch {self.name}")
+
 
 def queue_of(log: list[str], **settings: Any) -> _writes.WriteQueue:
     def send(transport: Fake) -> None:
@@ -41,7 +47,7 @@ def test_flush_sends_each_queued_transport_once_in_order_and_idle() -> None:
     queue.queue(a)
     queue.queue(b)
     assert (a._write_state, b._write_state) == (QUEUED, QUEUED)
-    assert queue.stats.writes_deferred == 2 and (queue.pending or queue.feeding)
+    assert queue.pending == [a, b] and queue
     queue.flush(include_feeds=True)
     assert log == [f"send a {IDLE}", f"send b {IDLE}"]  # set IDLE before its send
     assert not queue.pending and not queue.feeding
@@ -65,7 +71,8 @@ def test_feed_retries_wait_for_the_flush_that_includes_them() -> None:
     log: list[str] = []
     queue = queue_of(log)
     a = Fake("a", log)
-    assert queue.feed_retry(a) and a._write_state == QUEUED and a._feeds == 1
+    queue.short(a)
+    assert a._write_state == QUEUED and a._feeds == 1 and queue.feeding == [a]
     queue.flush(include_feeds=False)  # the flush before the poll: not yet
     assert log == []
     queue.flush(include_feeds=True)
@@ -76,10 +83,45 @@ def test_feed_retries_are_capped_then_the_transport_polls() -> None:
     log: list[str] = []
     queue = queue_of(log, feed_limit=2)
     a = Fake("a", log)
-    assert queue.feed_retry(a) and queue.feed_retry(a)
-    assert not queue.feed_retry(a)  # the third in a row: poll instead
-    assert a._feeds == 0
-    assert not queue_of(log, feed=False).feed_retry(Fake("b", log))
+    for _ in range(2):
+        queue.short(a)
+        assert a._write_state == QUEUED
+        queue.flush(include_feeds=True)
+    queue.short(a)  # the third in a row: poll instead
+    assert a._write_state == POLLING and a._feeds == 0 and log[-1] == "watch a"
+    b = Fake("b", log)
+    queue_of(log, feed=False).short(b)
+    assert b._write_state == POLLING and log[-1] == "watch b"
+
+
+def test_a_short_send_while_queued_or_polling_changes_nothing() -> None:
+    log: list[str] = []
+    queue = queue_of(log)
+    a = Fake("a", log)
+    queue.queue(a)
+    queue.short(a)
+    assert a._write_state == QUEUED and queue.pending == [a] and not queue.feeding
+    a._write_state = POLLING
+    queue.short(a)
+    assert a._write_state == POLLING and log == []
+
+
+def test_unqueue_and_emptied() -> None:
+    """A send before the flush takes a QUEUED transport out (the flush then
+    skips it); an emptied buffer ends polling and the feed count."""
+    log: list[str] = []
+    queue = queue_of(log)
+    a = Fake("a", log)
+    assert not queue.unqueue(a)  # IDLE: nothing to take out
+    queue.queue(a)
+    assert queue.unqueue(a) and a._write_state == IDLE
+    queue.flush(include_feeds=True)
+    assert log == []
+    a._write_state, a._feeds = POLLING, 1
+    queue.emptied(a)
+    assert (a._write_state, a._feeds, log) == (IDLE, 0, ["unwatch a"])
+    queue.emptied(a)  # IDLE already: no second unwatch
+    assert log == ["unwatch a"]
 
 
 def test_a_send_that_raises_is_reported_and_the_flush_goes_on() -> None:

@@ -1,5 +1,5 @@
-"""The one table of event loops: a name -> a loop factory, for the benchmarks,
-the examples (``--loop NAME``) and the tests' behaviour suite.
+"""The one table of event loops: a name -> a loop factory, for the benchmarks
+and the tests' behaviour suite (tests/conftest.py).
 
 A peer that cannot run here (not installed, or no build for this Python) is
 reported by :func:`missing` with the reason, and its callers skip it: it is
@@ -9,8 +9,13 @@ accept strategy.  Only the public API of asyncio_relaxed is used.
 
 Selections of the table: :data:`PEERS` (the loops we are measured against),
 :data:`IO_LOOPS` and :data:`ACCEPT_LOOPS` (the benchmarks' workloads),
-:data:`SUITE_LOOPS` (the tests' behaviour suite) and :data:`EVENT_LOOPS`
-(every name that makes an event loop: the examples' ``--loop`` choices).
+:data:`SUITE_LOOPS` (the tests' behaviour suite), :data:`TLS_LOOPS` (the TLS
+workloads) and :data:`EVENT_LOOPS` (every name that makes an event loop).
+The floors (kind ``floor``) are servers without an event loop, each serving
+the workloads of :attr:`LoopSpec.serves` (benchmarks.workloads.floors).
+
+:func:`client_loop` is the loop of the built-in load generators: the same
+client for every server loop.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ import dataclasses
 import importlib
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 
 import asyncio_relaxed
+from benchmarks.harness import processes
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -34,7 +39,7 @@ class LoopSpec:
     name: str
     #: "asyncio", the module of a peer ("uvloop", "rloop", "zuvloop",
     #: "rsloop"; each has ``new_event_loop()``), "relaxed", or "floor" (no
-    #: event loop: benchmarks.server runs it itself).
+    #: event loop: benchmarks.workloads.floors serves it).
     kind: str
     #: asyncio_relaxed settings (keyword arguments of new_event_loop).
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -45,6 +50,9 @@ class LoopSpec:
     #: The checkout a ``NAME@base`` twin imports asyncio_relaxed from
     #: (benchmarks.checkout); None: this tree.
     checkout: str | None = None
+    #: floor only: the servers it stands in for, a server kind of
+    #: benchmarks.workloads.server, with ``+tls`` over TLS.
+    serves: tuple[str, ...] = ()
 
 
 #: The kinds that are an installable package with ``new_event_loop()``.
@@ -78,9 +86,34 @@ SPECS: dict[str, LoopSpec] = {
                  "load-aware accept"),
         LoopSpec("floor", "floor",
                  about="no event loop: the least a Python echo server runs (epoll, "
-                       "accept, recv, send); echo-protocol workloads only"),
-    )
+                       "accept, recv, send); echo-protocol workloads only",
+                 serves=("echo-protocol",)),
+        LoopSpec("floor-tls-bio", "floor",
+                 about="no event loop: epoll + ssl.SSLObject with memory BIOs, one reused "
+                       "buffer each way; the TLS echo workloads only",
+                 serves=("echo-protocol+tls",)),
+        LoopSpec("floor-tls-socket", "floor",
+                 about="no event loop: epoll + a non-blocking ssl.SSLSocket; the TLS echo "
+                       "workloads only", serves=("echo-protocol+tls",)),
+            )
 }
+
+
+def tls_presets(fields: object) -> tuple[LoopSpec, ...]:
+    """The presets of asyncio_relaxed's ``tls`` setting (issue #25: ``own``,
+    its own TLS transport, or ``stock``, stock's SSLProtocol over our
+    transport), when *fields* (the names of :class:`asyncio_relaxed.Config`'s
+    fields) has it; none before.  Both then run every TLS workload."""
+    if "tls" not in fields:  # type: ignore[operator]
+        return ()
+    return (LoopSpec("relaxed-tls-own", "relaxed", {"tls": "own"},
+                     "asyncio_relaxed's own TLS transport"),
+            LoopSpec("relaxed-tls-stock", "relaxed", {"tls": "stock"},
+                     "stock's SSLProtocol over asyncio_relaxed's transport"))
+
+
+SPECS.update((s.name, s) for s in tls_presets(
+    {f.name for f in dataclasses.fields(asyncio_relaxed.Config)}))
 
 #: The loops we are measured against.
 PEERS = ("asyncio", *PEER_KINDS)
@@ -93,7 +126,11 @@ ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed
 #: partial-write setting.
 SUITE_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-eager-feed", "relaxed-deferred",
                "relaxed-feed")
-#: Every name that makes an event loop (the floor does not).
+#: The loops of the TLS workloads: the peers, our default settings, the
+#: ``tls`` presets where the setting exists, and the TLS floors.
+TLS_LOOPS = (*PEERS, "relaxed-eager", *(n for n in SPECS if n.startswith("relaxed-tls-")),
+             "floor-tls-bio", "floor-tls-socket")
+#: Every name that makes an event loop (the floors do not).
 EVENT_LOOPS = tuple(name for name, spec in SPECS.items() if spec.kind != "floor")
 
 
@@ -147,7 +184,8 @@ def factory(name: str, **settings: str | None) -> LoopFactory:
         raise ValueError(f"{' and '.join(given)}: settings of asyncio_relaxed, which loop "
                          f"{name} ({spec.about}) is not; use relaxed or a relaxed-* preset")
     if spec.kind == "floor":
-        raise LookupError("floor is not an event loop: benchmarks.server runs it itself")
+        raise LookupError(f"{name} is not an event loop: benchmarks.workloads.floors "
+                          "serves it")
     if spec.kind == "asyncio":
         return asyncio.SelectorEventLoop
     if spec.kind in PEER_KINDS:
@@ -155,6 +193,17 @@ def factory(name: str, **settings: str | None) -> LoopFactory:
         return module.new_event_loop  # type: ignore[no-any-return]
     options = {**spec.settings, **given}
     return lambda: asyncio_relaxed.new_event_loop(**options)
+
+
+def client_loop() -> tuple[str, LoopFactory]:
+    """The loop of the built-in load generators and its label: uvloop when
+    it runs here, else stock asyncio; the same client for every server loop
+    of a run (the results name it)."""
+    if missing("uvloop") is None:
+        import uvloop
+
+        return f"uvloop {uvloop.__version__}", uvloop.new_event_loop
+    return f"asyncio (Python {platform.python_version()})", asyncio.SelectorEventLoop
 
 
 def config(name: str) -> dict[str, object] | None:
@@ -185,8 +234,11 @@ def version(name: str) -> str:
     if spec.kind in ("asyncio", "floor"):
         return platform.python_version()
     if spec.checkout is not None:
-        rev = subprocess.run(["git", "-C", spec.checkout, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True).stdout.strip()
+        try:
+            rev = processes.call(["git", "-C", spec.checkout, "rev-parse", "--short", "HEAD"],
+                                 timeout=30)[0].strip()
+        except (OSError, RuntimeError, TimeoutError):  # not a git checkout, or no git
+            rev = ""
         return f"checkout {spec.checkout}" + (f" at {rev}" if rev else "")
     from importlib import metadata  # here: every server process imports this module
 

@@ -2,8 +2,9 @@
 
 ``python -m benchmarks instructions`` gives one number per loop (callgrind
 instructions per request); this splits the Python part of it by function.
-It runs the same in-process workload (:mod:`benchmarks.instructions`: the
-1 KiB echo over socket pairs, or the aiohttp hello) and counts, with
+It runs the same in-process workload (:mod:`benchmarks.counts.driver`: the
+1 KiB echo over socket pairs, the same over TLS, or the aiohttp hello) and
+counts, with
 ``sys.monitoring``'s INSTRUCTION events (CPython 3.12+), the bytecodes each
 function executes during the measured rounds, after the same warm-up.  The
 counts are exact and repeat from run to run: they move only when the code
@@ -14,16 +15,17 @@ socket calls, ``epoll.poll``) executes none: read the table as *which
 Python code runs per request*, and the callgrind figure as what it all
 costs.
 
-Functions are grouped by where their code lives: ``asyncio_relaxed``,
-``asyncio`` (stock's Python, which our loop inherits in part), ``floor``
-(the minimal epoll echo of the ``floor`` row, 1 KiB only), the driver
-(``benchmarks``: the same code on every loop), and the rest (aiohttp,
-the standard library: stock's ``selectors`` is there).
+Functions are grouped by where their code lives (benchmarks.counts.sites):
+``asyncio_relaxed``, ``asyncio``, ``floor`` (the minimal epoll echo of the
+``floor`` row, plain or TLS; no floor for http), the driver (the same code
+on every loop), and the rest.  Over TLS (``--size tls``) OpenSSL's work is
+C and counts no bytecode: what shows is the Python around it (stock's
+sslproto, which our loop uses today).
 
 Run::
 
     python -m benchmarks bytecodes [--loops relaxed-eager,relaxed-deferred]
-        [--size 1024|http] [--rounds 200] [--top 25]
+        [--size 1024|tls|http] [--rounds 200] [--top 25]
 """
 
 from __future__ import annotations
@@ -31,46 +33,18 @@ from __future__ import annotations
 import collections
 import json
 import sys
-import sysconfig
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from benchmarks import instructions, loops, report, runner
+from benchmarks.counts import driver
+from benchmarks.counts.sites import GROUPS, function_name, group
+from benchmarks.harness import loops, processes, results, tables, tls
 
-ROOT = runner.ROOT
 DEFAULT_LOOPS = ("floor", "asyncio", "relaxed-eager", "relaxed-deferred")
 ROUNDS = 200
 TOP = 25
-GROUPS = ("asyncio_relaxed", "asyncio", "floor", "driver", "other")
-#: The floor row's loop, in the driver's module.
-FLOOR_FUNCTION = "instructions:_floor"
-_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
-
-
-def group(filename: str, name: str = "") -> str:
-    """Which of GROUPS the code of function *name* (function_name) in
-    *filename* belongs to."""
-    if name == FLOOR_FUNCTION:
-        return "floor"
-    path = Path(filename)
-    parts = path.parts
-    if "asyncio_relaxed" in parts:
-        return "asyncio_relaxed"
-    if "benchmarks" in parts:
-        return "driver"
-    try:
-        inside = path.resolve().relative_to(_STDLIB).parts
-    except ValueError:
-        return "other"
-    return "asyncio" if inside[:1] == ("asyncio",) else "other"
-
-
-def function_name(code: CodeType) -> str:
-    """``module-file:qualname`` of a code object (qualname from 3.11)."""
-    return f"{Path(code.co_filename).stem}:{code.co_qualname}"
 
 
 def count(loop_name: str, size: int | str, rounds: int) -> dict[str, Any]:
@@ -95,10 +69,7 @@ def count(loop_name: str, size: int | str, rounds: int) -> dict[str, Any]:
 
     monitoring.register_callback(tool, monitoring.events.INSTRUCTION, instruction)
     try:
-        if size == instructions.HTTP:
-            instructions.http_child(loop_name, rounds, on_round)
-        else:
-            instructions.child(loop_name, int(size), rounds, on_round)
+        driver.run(loop_name, size, rounds, on_round)
     finally:
         monitoring.set_events(tool, 0)
         monitoring.register_callback(tool, monitoring.events.INSTRUCTION, None)
@@ -108,7 +79,7 @@ def count(loop_name: str, size: int | str, rounds: int) -> dict[str, Any]:
         name = function_name(code)
         entry = functions.setdefault(name, [group(code.co_filename, name), 0])
         entry[1] += n
-    return {"requests": rounds * instructions.PAIRS, "functions": functions}
+    return {"requests": rounds * driver.PAIRS, "functions": functions}
 
 
 def per_request(counted: dict[str, Any]) -> dict[str, tuple[str, float]]:
@@ -126,7 +97,7 @@ def totals(rows: dict[str, tuple[str, float]]) -> dict[str, float]:
     return out
 
 
-def tables(result: dict[str, dict[str, tuple[str, float]]],
+def count_tables(result: dict[str, dict[str, tuple[str, float]]],
            top: int) -> tuple[tuple[list[str], list[list[str]]], tuple[list[str], list[list[str]]]]:
     """(totals per loop, the *top* functions of any loop with each loop's count)."""
     names = list(result)
@@ -135,7 +106,7 @@ def tables(result: dict[str, dict[str, tuple[str, float]]],
     body = [[name, f"{sums[name]['loop']:.1f}", *(f"{sums[name][g]:.1f}" for g in GROUPS)]
             for name in names]
     where = {fn: g for rows in result.values() for fn, (g, _) in rows.items()}
-    chosen = report.top_keys(result, top, skip="driver")
+    chosen = tables.top_keys(result, top, skip="driver")
     fn_head = ["function", "where", *names]
     fn_body = [[fn, where[fn], *(f"{result[name][fn][1]:.1f}" if fn in result[name] else "—"
                                  for name in names)] for fn in chosen]
@@ -143,9 +114,9 @@ def tables(result: dict[str, dict[str, tuple[str, float]]],
 
 
 def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
-        results: Path, command: Sequence[str]) -> int:
+        folder: Path, command: Sequence[str]) -> int:
     """Count each loop (one at a time, in this process's children), print the
-    tables, and write the JSON and Markdown to *results*.  2 before 3.12."""
+    tables, and write the JSON and Markdown to *folder*.  2 before 3.12."""
     if not hasattr(sys, "monitoring"):
         print("bytecode counts need sys.monitoring (CPython 3.12+); nothing counted",
               file=sys.stderr)
@@ -155,47 +126,53 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
         why = loops.missing(name)
         if why:
             print(f"note: {name} skipped: {why}", file=sys.stderr)
-        elif name == instructions.FLOOR and size == instructions.HTTP:
-            print(f"note: {name} skipped: the http workload has no floor", file=sys.stderr)
+        elif name == driver.FLOOR and size in (driver.HTTP, driver.LIFE):
+            print(f"note: {name} skipped: the {size} workload has no floor", file=sys.stderr)
         elif loops.SPECS[name].kind not in ("asyncio", "relaxed", "floor"):
             print(f"note: {name} skipped: its loop is compiled code, which executes "
                   "no bytecode to count", file=sys.stderr)
         else:
             names.append(name)
-    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if size == driver.TLS:
+        tls.ensure()  # the certificates, once, for every child
+    started = results.stamp(results.now())
     result: dict[str, dict[str, tuple[str, float]]] = {}
     for name in names:
         # A fresh process per loop: one loop's warmed caches and imports
         # cannot change another's counts.
-        result[name] = per_request(runner.child_json(
+        result[name] = per_request(processes.child_json(
             ["bytecodes", "--child", name, str(size), str(rounds)], 600))
         print(f"  {name}: {totals(result[name])['loop']:.1f} bytecodes per request "
               "in the loop", file=sys.stderr, flush=True)
-    (head, body), (fn_head, fn_body) = tables(result, top)
+    (head, body), (fn_head, fn_body) = count_tables(result, top)
     line = "python -m benchmarks " + " ".join(command[1:])
-    label = "aiohttp hello" if size == instructions.HTTP else f"{size} B echo"
+    label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3",
+             driver.LIFE: "a connection's life (connect, 1 KiB echo, close)"}.get(
+        str(size), f"{size} B echo")
     doc = {"started": started, "command": line, "python": sys.version, "size": size,
-           "rounds": rounds, "pairs": instructions.PAIRS,
+           "rounds": rounds, "pairs": driver.PAIRS,
            "versions": {n: loops.version(n) for n in names},
            "bytecodes_per_request": {n: {fn: {"where": g, "bytecodes": v}
                                          for fn, (g, v) in rows.items()}
                                      for n, rows in result.items()}}
-    path, md = report.save_counts(
-        results, f"{started}-bytecodes", doc, f"Bytecodes per request ({started})",
-        f"`{line}`: {label}, {instructions.PAIRS} pairs x {rounds} rounds after "
-        f"{instructions.WARMUP_ROUNDS} warm-up rounds, sys.monitoring; "
+    path = results.save(folder, f"{started}-bytecodes", doc, tables.markdown(
+        f"Bytecodes per request ({started})",
+        f"`{line}`: {label}, {driver.PAIRS} pairs x {rounds} rounds after "
+        f"{driver.WARMUP_ROUNDS} warm-up rounds, sys.monitoring; "
         f"Python {sys.version.split()[0]}",
         [("", head, body), (f"The {len(fn_body)} functions with the most, on any loop "
-                            "(the driver's left out):", fn_head, fn_body)])
-    print(report.text_table(head, body))
+                            "(the driver's left out):", fn_head, fn_body)]))
+    print(tables.text_table(head, body))
     print()
-    print(report.text_table(fn_head, fn_body))
-    print(f"\nresults: {path}  report: {md}")
+    print(tables.text_table(fn_head, fn_body))
+    print(f"\nresults: {path}  report: {path.with_suffix('.md')}")
     return 0
 
 
 def child_main(loop_name: str, size: str, rounds: str) -> None:
     """``--child LOOP SIZE ROUNDS``: count one run, print its JSON last."""
-    counted = count(loop_name, size if size == instructions.HTTP else int(size), int(rounds))
+    named = (driver.HTTP, driver.TLS, driver.LIFE)
+    counted = count(loop_name, size if size in named else int(size),
+                    int(rounds))
     sys.stdout.flush()
     print(json.dumps(counted))

@@ -1,7 +1,8 @@
-"""The built-in load generator: ``python -m benchmarks.client``.
+"""The built-in load generators: ``python -m benchmarks.workloads.client``.
 
-One process, one loop (uvloop when installed, else stock asyncio: the same
-client for every server loop, recorded in the results).  Without ``--port``
+One process, one loop (benchmarks.harness.loops.client_loop: uvloop when
+installed, else stock asyncio; the same client for every server loop,
+recorded in the results).  Without ``--port``
 it reads the port from its first line of input, so that the runner can start
 it while the server starts.  It connects, runs
 the load through a warm-up, prints ``{"ready": ...}``, and starts counting
@@ -19,7 +20,14 @@ Kinds of load:
 - ``pipe``: one connection; writes ``--request``-byte chunks whenever its
   write buffer is empty and counts what comes back (node's tcp-raw-pipe);
 - ``idle``: opens ``--concurrency`` connections, makes one round trip on each
-  (so the server has built every transport) and holds them until ``go``.
+  (so the server has built every transport) and holds them until ``go``;
+- ``fairness``: the fairness workloads' clients (benchmarks.workloads.fairness,
+  whose parent starts this with ``--mode``).
+
+``--tls`` makes every connection of ``echo``, ``http``, ``churn`` and
+``idle`` over TLS 1.3 (benchmarks.harness.tls), in the client loop's own TLS
+(uvloop's sslproto, in Cython, or stock's): a handshake per connection, so
+under ``churn`` one per request.
 """
 
 from __future__ import annotations
@@ -32,19 +40,13 @@ import threading
 import time
 from typing import Any
 
-from benchmarks import maths
-from benchmarks.server import _finish, raise_fd_limit
+from benchmarks.harness import loops, maths, tls
+from benchmarks.workloads import fairness
+from benchmarks.workloads.control import finish, raise_fd_limit
 
-KINDS = ("echo", "http", "churn", "pipe", "idle")
+KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness")
+TLS_KINDS = ("echo", "http", "churn", "idle")
 MiB = 1 << 20
-
-
-def client_loop_name() -> str:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
 
 
 class Meter:
@@ -190,15 +192,22 @@ def _returns(protocol: asyncio.Protocol) -> Any:
     return lambda: protocol
 
 
-async def churn_worker(meter: Meter, port: int, request: bytes, response: int) -> None:
+def _tls_options(on: bool) -> dict[str, Any]:
+    """create_connection's keywords for a TLS connection, or none."""
+    return {"ssl": tls.client_context(), "server_hostname": tls.HOSTNAME} if on else {}
+
+
+async def churn_worker(meter: Meter, port: int, request: bytes, response: int,
+                       over_tls: bool = False) -> None:
     loop = asyncio.get_running_loop()
     meter.active += 1
+    options = _tls_options(over_tls)
     try:
         while not meter.stopping:
             started = time.perf_counter()
             proto = RequestResponse(Meter(), request, response)  # its own meter: one shot
             proto.meter.stopping = True  # close after the first answer
-            await loop.create_connection(_returns(proto), "127.0.0.1", port)
+            await loop.create_connection(_returns(proto), "127.0.0.1", port, **options)
             await proto.closed
             meter.done(started)
     finally:
@@ -211,7 +220,7 @@ async def wait_for_go() -> None:
 
     def read() -> None:
         sys.stdin.readline()
-        loop.call_soon_threadsafe(_finish, go)
+        loop.call_soon_threadsafe(finish, go)
 
     threading.Thread(target=read, daemon=True).start()
     await go
@@ -223,6 +232,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     request = b"r" * args.request
     tasks: list[Any] = []
     conns: list[Any] = []
+    options = _tls_options(args.tls)
     if args.kind in ("echo", "http", "idle"):
         if args.kind == "http":
             request = f"GET {args.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
@@ -233,10 +243,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             make = lambda: RequestResponse(meter, request, args.response)  # noqa: E731
         for _ in range(args.concurrency):
-            _, proto = await loop.create_connection(make, "127.0.0.1", args.port)
+            _, proto = await loop.create_connection(make, "127.0.0.1", args.port, **options)
             conns.append(proto)
     elif args.kind == "churn":
-        tasks = [asyncio.ensure_future(churn_worker(meter, args.port, request, args.response))
+        tasks = [asyncio.ensure_future(churn_worker(meter, args.port, request, args.response,
+                                                    args.tls))
                  for _ in range(args.concurrency)]
     else:  # pipe
         _, pipe = await loop.create_connection(
@@ -248,7 +259,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.01)
     else:
         await asyncio.sleep(args.warmup)
-    print(json.dumps({"ready": True, "client": f"builtin ({client_loop_name()})"}), flush=True)
+    print(json.dumps({"ready": True, "client": f"builtin ({loops.client_loop()[0]})"
+                      + (", TLS 1.3" if args.tls else "")}), flush=True)
     await wait_for_go()
     meter.counting = True
     started = time.perf_counter()
@@ -285,15 +297,24 @@ def main() -> None:
     parser.add_argument("--path", default="/", help="http: the path to GET")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=1.0)
+    parser.add_argument("--tls", action="store_true",
+                        help=f"over TLS 1.3 ({', '.join(TLS_KINDS)})")
+    parser.add_argument("--mode", choices=fairness.MODES, default="close",
+                        help="fairness: connection lifetimes")
     args = parser.parse_args()
+    if args.tls and args.kind not in TLS_KINDS:
+        parser.error(f"--tls: kinds {', '.join(TLS_KINDS)} only")
     raise_fd_limit()
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
     if args.port is None:
         args.port = int(sys.stdin.readline())
-    result = asyncio.run(run(args)) if uvloop is None else uvloop.run(run(args))
+    if args.kind == "fairness":
+        fairness.client(args.port, args.concurrency, args.mode, args.warmup, args.duration)
+        return
+    loop = loops.client_loop()[1]()
+    try:
+        result = loop.run_until_complete(run(args))
+    finally:
+        loop.close()
     print(json.dumps(result), flush=True)
 
 

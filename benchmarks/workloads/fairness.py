@@ -6,9 +6,10 @@ before a fork is one kernel object shared by every process) and serves
 ``loop.create_server(Reply, sock=sock)``.  A request is one line; the reply is
 one line naming the worker, after about 50 µs of hashing (``WORK_BYTES``), so
 a worker that takes more connections also spends more CPU.  The load comes
-from a separate client process (uvloop if installed, else stock asyncio: the
-same client for every loop under test) running C concurrent clients, with
-connection lifetimes (``MODES``) of
+from a separate client process (``python -m benchmarks.workloads.client
+--kind fairness``, running :func:`client` on benchmarks.harness.loops.client_loop:
+the same client for every loop under test) running C concurrent clients,
+with connection lifetimes (``MODES``) of
 
 * ``close``: connect, one request, close;
 * ``keepalive``: many requests per connection, reconnecting every
@@ -35,8 +36,9 @@ latency includes the connect, so an accept delay shows there), server CPU
 µs per request, and per worker: connections, requests, CPU seconds and the
 p99 latency of the requests it answered (the reply names the worker).
 
-The runner measures it as the ``fairness-*`` workloads (benchmarks.workloads);
-``python -m benchmarks fairness`` runs a grid of them::
+The runner measures it as the ``fairness-*`` workloads
+(benchmarks.workloads.catalog); ``python -m benchmarks fairness`` runs a grid
+of them::
 
     python -m benchmarks fairness --loops asyncio,uvloop,relaxed-batch,\\
 relaxed-single,relaxed-relaxed,relaxed-balanced --workers 4 \\
@@ -45,7 +47,7 @@ relaxed-single,relaxed-relaxed,relaxed-balanced --workers 4 \\
         --mode close,keepalive,mixed --placement unpinned
 
 Light load is concurrency 1, moderate 10, saturating 100 and more.  Only the
-public API of asyncio_relaxed is used (through ``benchmarks.loops``).
+public API of asyncio_relaxed is used (through ``benchmarks.harness.loops``).
 """
 
 from __future__ import annotations
@@ -60,14 +62,12 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from benchmarks import loops, maths
+from benchmarks.harness import loops, maths, processes
 
 #: Bytes hashed per request: sha256 of 72 KiB took about 50 µs on the 2-CPU
 #: machine the README's figures come from (11 µs per 16 KiB, measured with
@@ -195,20 +195,10 @@ def _lifetimes(mode: str, concurrency: int) -> list[int | None]:
     return [None] * long + [1] * (concurrency - long)
 
 
-def _client_main(argv: list[str]) -> None:
-    """The load generator: ``python -c ... port concurrency mode warmup duration pin``."""
-    port, concurrency = int(argv[0]), int(argv[1])
-    mode, warmup, duration = argv[2], float(argv[3]), float(argv[4])
-    if argv[5] == "1":
-        os.sched_setaffinity(0, {1})
-    try:
-        import uvloop
-
-        new_loop: Any = uvloop.new_event_loop
-        client = f"uvloop {uvloop.__version__}"
-    except ImportError:
-        new_loop = asyncio.new_event_loop
-        client = f"asyncio (Python {sys.version.split()[0]})"
+def client(port: int, concurrency: int, mode: str, warmup: float, duration: float) -> None:
+    """The load generator (its own process, started by :func:`run_once`):
+    prints ``start`` and ``end`` around the measured window, then its JSON."""
+    client, new_loop = loops.client_loop()
     state = {"measuring": False, "stop": False}
     latencies: list[float] = []
     by_worker: dict[int, list[float]] = {}
@@ -326,7 +316,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 @contextlib.contextmanager
-def _cleanup(pids: list[int], procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+def _cleanup(pids: list[int], procs: list[subprocess.Popen[str]]) -> Iterator[None]:
     """Whatever happens, no worker and no client outlives the run."""
     try:
         yield
@@ -346,7 +336,7 @@ def _cleanup(pids: list[int], procs: list[subprocess.Popen[bytes]]) -> Iterator[
 def run_once(loop: str, *, workers: int, concurrency: int, mode: str,
              duration: float, warmup: float = 0.5,
              placement: str = "pinned") -> dict[str, object]:
-    """One measurement of *loop* (a name from ``benchmarks.loops.SPECS``),
+    """One measurement of *loop* (a name from ``benchmarks.harness.loops.SPECS``),
     *mode* one of ``MODES``, *placement* one of ``PLACEMENTS``.
 
     Returns ``{"metrics": {...}, "per_worker": {"connections": [...],
@@ -377,7 +367,7 @@ def run_once(loop: str, *, workers: int, concurrency: int, mode: str,
     port = sock.getsockname()[1]
     read_end, write_end = os.pipe()
     pids: list[int] = []
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[str]] = []
     try:
         with _cleanup(pids, procs):
             for index in range(workers):
@@ -399,19 +389,15 @@ def run_once(loop: str, *, workers: int, concurrency: int, mode: str,
             for _ in range(workers):
                 if not reports.readline(start_by).startswith("ready"):
                     raise RuntimeError("a worker did not start")
-            root = str(Path(__file__).resolve().parent.parent)
-            path = os.environ.get("PYTHONPATH", "")
-            env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-            code = ("import sys; from benchmarks.fairness import _client_main; "
-                    "_client_main(sys.argv[1:])")
-            client = subprocess.Popen(
-                [sys.executable, "-c", code, str(port), str(concurrency), mode,
-                 str(warmup), str(duration), "1" if pin else "0"],
-                stdout=subprocess.PIPE, cwd=root, env=env,
-            )
-            procs.append(client)
-            assert client.stdout is not None
-            out = _Lines(client.stdout.fileno())
+            load = processes.spawn(
+                processes.python("-m", "benchmarks.workloads.client", "--kind", "fairness",
+                                 "--port", str(port), "--concurrency", str(concurrency),
+                                 "--mode", mode, "--warmup", str(warmup),
+                                 "--duration", str(duration)),
+                cpu=1 if pin else None, stdin=processes.DEVNULL, stderr=None)
+            procs.append(load)
+            assert load.stdout is not None
+            out = _Lines(load.stdout.fileno())
             for mark, sig in (("start", signal.SIGUSR1), ("end", signal.SIGUSR2)):
                 line = out.readline(deadline)
                 if line != mark:
@@ -458,9 +444,3 @@ def run_once(loop: str, *, workers: int, concurrency: int, mode: str,
         "placement": placement,
         "errors": int(client_result["errors"]),
     }
-
-
-if __name__ == "__main__":  # the same as python -m benchmarks fairness
-    from benchmarks.cli import main
-
-    sys.exit(main(["fairness", *sys.argv[1:]]))

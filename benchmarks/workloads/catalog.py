@@ -6,11 +6,17 @@ A workload runs on its ``loops`` when it is named (``--workloads``,
 against every peer, and a second preset only where it is the point of the
 workload (``write=deferred`` under small writes, ``accept=balanced`` under
 fairness).  That set is sized to finish within 4 minutes on a 2-core
-machine: at 3 repeats of 0.5 s warm-up + 1 s each, a loop costs 5-7 s per
-workload (1.67 s per run, 2.33 s under wrk).  Where each workload comes
-from (docs/benchmarks.md): vmbench's echo servers, HAProxy's 0 B / 4 KiB
-HTTP test, node's tcp-raw-pipe, libuv's accept fairness, TechEmpower's
-plaintext test (uvicorn), wrk2's constant-rate load (open loop).
+machine with every peer: at 3 repeats of 0.25 s warm-up + 1 s each and one
+strace run of at most 0.5 s where system calls are counted, a loop costs
+about 4.5 s per workload (one run of the default set on CPython 3.15.2 took
+3 min 47 s, docs/benchmarks.md).  Where each workload comes from
+(docs/benchmarks.md): vmbench's echo servers, HAProxy's 0 B / 4 KiB HTTP
+test, node's tcp-raw-pipe, libuv's accept fairness, TechEmpower's plaintext
+test (uvicorn), wrk2's constant-rate load (open loop), issue #25's TLS echo.
+
+The TLS workloads (``tls-*``, ``https-0b``) run by name only: at about
+4.5 s per loop, the TLS echo on the six loops of the default set would add
+about 27 s and take the default set past its 4 minutes.
 
 A workload that needs a package the suite does not (uvicorn, httptools)
 names it in ``needs``; where it is missing, :func:`missing` says so and the
@@ -23,8 +29,8 @@ import dataclasses
 import re
 from importlib import metadata
 
-from benchmarks.fairness import MODES, PLACEMENTS
-from benchmarks.loops import ACCEPT_LOOPS, IO_LOOPS, PEERS
+from benchmarks.harness.loops import ACCEPT_LOOPS, IO_LOOPS, PEERS, SPECS, TLS_LOOPS
+from benchmarks.workloads.fairness import MODES, PLACEMENTS
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -38,9 +44,11 @@ ACCEPT_DEFAULT = (*PEERS, "relaxed-batch")
 class Workload:
     name: str
     about: str
-    #: A kind of benchmarks.server, or "fairness" (benchmarks.fairness).
+    #: A kind of benchmarks.workloads.server, or "fairness"
+    #: (benchmarks.workloads.fairness).
     server: str
-    #: A kind of benchmarks.client, or "wrk" (the built-in "http" client
+    #: A kind of benchmarks.workloads.client, "open"
+    #: (benchmarks.workloads.openloop) or "wrk" (the built-in "http" client
     #: when wrk is not on PATH).
     client: str
     concurrency: int = 10
@@ -69,6 +77,13 @@ class Workload:
     workers: int = 0
     mode: str = ""
     placement: str = "pinned"
+    #: Over TLS 1.3: the server and the client with --tls.
+    tls: bool = False
+
+    @property
+    def serves(self) -> str:
+        """What a floor must serve to run it (benchmarks.harness.loops.LoopSpec.serves)."""
+        return self.server + ("+tls" if self.tls else "")
 
     def params(self) -> dict[str, object]:
         """The parameters that define the workload (for the JSON)."""
@@ -148,6 +163,29 @@ def _fairness() -> list[Workload]:
     return grid + deployed
 
 
+#: The TLS workloads' loops without the floors (no floor serves HTTP).
+_TLS_EVENT_LOOPS = tuple(n for n in TLS_LOOPS if SPECS[n].kind != "floor")
+
+
+def _tls() -> list[Workload]:
+    """Issue #25's TLS workloads: TLS 1.3, an RSA-2048 certificate
+    (benchmarks.harness.tls), on every loop and the TLS floors."""
+    return [
+        Workload("tls-echo-1k-c10", "echo over TLS 1.3, protocol server, 1 KiB messages, "
+                 "10 connections", "echo-protocol", "echo", 10, 1 * KiB, 1 * KiB,
+                 loops=TLS_LOOPS, tls=True, needs=("trustme",)),
+        Workload("tls-echo-64k-c10", "echo over TLS 1.3, protocol server, 64 KiB messages, "
+                 "10 connections", "echo-protocol", "echo", 10, 64 * KiB, 64 * KiB,
+                 loops=TLS_LOOPS, tls=True, needs=("trustme",)),
+        Workload("https-0b", "aiohttp keep-alive over TLS 1.3, GET returning 0 B, "
+                 "10 connections", "http", "wrk", 10, path="/", loops=_TLS_EVENT_LOOPS,
+                 tls=True, needs=("aiohttp", "trustme")),
+        Workload("tls-churn", "a new TLS 1.3 connection per 1 KiB request (a full handshake "
+                 "each), 10 clients", "echo-protocol", "churn", 10, unit="connection",
+                 loops=TLS_LOOPS, tls=True, needs=("trustme",)),
+    ]
+
+
 def missing(w: Workload) -> str | None:
     """Why workload *w* cannot run here (a distribution of ``needs`` is not
     installed, or too old), or None when it can."""
@@ -207,5 +245,6 @@ WORKLOADS: dict[str, Workload] = {
         Workload("idle-10000", "server memory per idle connection, 10,000 connections",
                  "echo-protocol", "idle", 10000, unit="connection"),
         *_fairness(),
+        *_tls(),
     )
 }

@@ -11,8 +11,8 @@ uvicorn, so a relaxed preset's settings reach it as the ``ASYNCIO_RELAXED_*``
 environment variables a deployment would set.
 
 The server takes its socket from this process (bound before uvicorn starts,
-so the port is known) and answers the runner as every server of
-benchmarks.server does (``control``): the app's lifespan startup, which runs
+so the port is known) and answers the runner as every server does
+(benchmarks.workloads.control): the app's lifespan startup, which runs
 on uvicorn's loop, checks that the loop is the one asked for, prints
 ``{"listening": PORT, ...}`` and starts the thread that answers the marks;
 the end of input makes uvicorn exit.
@@ -21,13 +21,13 @@ the end of input makes uvicorn exit.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from benchmarks import checkout, loops, server
+from benchmarks.harness import checkout, loops
+from benchmarks.workloads.control import control, listening
 
 BODY = b"Hello, world!"
 HEADERS = [(b"content-type", b"text/plain"), (b"content-length", str(len(BODY)).encode())]
@@ -39,7 +39,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def loop_option(name: str) -> str:
-    """uvicorn's ``--loop`` value for loop *name* of benchmarks.loops."""
+    """uvicorn's ``--loop`` value for loop *name* of benchmarks.harness.loops."""
     kind = loops.SPECS[name].kind
     if kind == "relaxed":
         return "asyncio_relaxed:new_event_loop"
@@ -91,7 +91,7 @@ def plaintext_app(started: Callable[[asyncio.AbstractEventLoop], None]) -> Any:
 
 
 def serve(name: str) -> None:
-    """Serve loop *name* (a preset of benchmarks.loops) under uvicorn until
+    """Serve loop *name* (a preset of benchmarks.harness.loops) under uvicorn until
     the end of input."""
     import uvicorn
 
@@ -110,12 +110,10 @@ def serve(name: str) -> None:
     def started(loop: asyncio.AbstractEventLoop) -> None:
         check_loop(preset, loop)
         cls = type(loop)
-        print(json.dumps({"listening": sock.getsockname()[1], "pid": os.getpid(),
-                          "loop": f"{cls.__module__}.{cls.__qualname__}",
-                          "relaxed": checkout.relaxed_package(),
-                          "uvicorn": uvicorn.__version__,
-                          "uvicorn_loop": loop_option(preset)}), flush=True)
-        server.control(loop, lambda: setattr(holder[0], "should_exit", True))
+        listening(sock.getsockname()[1], f"{cls.__module__}.{cls.__qualname__}",
+                  checkout.relaxed_package(), uvicorn=uvicorn.__version__,
+                  uvicorn_loop=loop_option(preset))
+        control(loop, lambda: setattr(holder[0], "should_exit", True))
 
     config = uvicorn.Config(plaintext_app(started), loop=loop_option(preset), http="httptools",
                             lifespan="on", access_log=False, log_level="warning", backlog=1024)

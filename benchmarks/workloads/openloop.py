@@ -1,4 +1,4 @@
-"""The open-loop load generator: ``python -m benchmarks.openloop``.
+"""The open-loop load generator: ``python -m benchmarks.workloads.openloop``.
 
 Theory of operation
 ===================
@@ -48,8 +48,7 @@ import threading
 import time
 from typing import Any
 
-from benchmarks import maths
-from benchmarks.client import client_loop_name
+from benchmarks.harness import loops, maths
 
 #: Seconds the client waits for the answers to a window's last requests.
 DRAIN_TIMEOUT = 30.0
@@ -206,7 +205,7 @@ async def run(args: argparse.Namespace) -> None:
         _, conn = await loop.create_connection(
             lambda: Connection(Meter(), request, args.response), "127.0.0.1", port)
         conns.append(conn)
-    print(json.dumps({"client": f"builtin open loop, one process ({client_loop_name()})",
+    print(json.dumps({"client": f"builtin open loop, one process ({loops.client_loop()[0]})",
                       "connections": len(conns)}), flush=True)
     while command := await commands.get():
         result = await run_window(conns, command, args.warmup, args.duration, commands)
@@ -223,12 +222,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=1.0)
     args = parser.parse_args()
+    loop = loops.client_loop()[1]()
     try:
-        import uvloop
-    except ImportError:
-        asyncio.run(run(args))
-    else:
-        uvloop.run(run(args))
+        loop.run_until_complete(run(args))
+    finally:
+        loop.close()
 
 
 if __name__ == "__main__":

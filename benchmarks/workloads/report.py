@@ -3,16 +3,20 @@ the comparison of two runs.
 
 Every figure is a median of the repeats; the spread ((max - min) / median)
 of the repeats is the noise band.  Ratios are to stock asyncio in the same
-run, so two machines' runs compare by ratio, not by absolute figure.
+run, so two machines' runs compare by ratio, not by absolute figure.  The
+files go through benchmarks.harness.results (:func:`save`).
 """
 
 from __future__ import annotations
 
-import json
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import results
+from benchmarks.harness.tables import TIMES, markdown_table, ratio, text_table
 
 #: (column title, metric key, format) per kind of workload.
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
@@ -28,8 +32,6 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                                                       "{:.1f}"),
                  ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
 }
-#: What follows a ratio in every table: "0.27", then this sign.
-TIMES = "\N{MULTIPLICATION SIGN}"
 # The same response in one write (/one) and in two (/two), each figure of
 # /two over /one's, and the sends per request (asyncio_relaxed's counters).
 COLUMNS["split"] = [
@@ -108,14 +110,6 @@ def _fmt(fmt: str, value: float | None) -> str:
     if isinstance(value, float) and math.isinf(value):
         return "∞"
     return fmt.format(value)
-
-
-def ratio(value: float | None, base: float | None) -> str:
-    """*value* / *base* as a table cell (two decimals and TIMES), or a dash
-    without both."""
-    if not value or not base or not math.isfinite(value) or not math.isfinite(base):
-        return "—"
-    return f"{value / base:.2f}{TIMES}"
 
 
 def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -228,51 +222,6 @@ def per_worker(entry: dict[str, Any]) -> list[str]:
 PER_WORKER_NOTE = "Per worker (worker 0/1/..., the median run by Jain's index over requests)"
 
 
-def text_table(header: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in [header, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
-    return "\n".join(lines)
-
-
-def top_keys(result: dict[str, dict[str, tuple[str, float]]], top: int,
-             skip: str | None = None) -> list[str]:
-    """The *top* keys of a count's per-loop {key: (group, value)} rows, by
-    their largest value on any loop; keys of group *skip* left out."""
-    peak: dict[str, float] = {}
-    for rows in result.values():
-        for key, (where, value) in rows.items():
-            if where != skip:
-                peak[key] = max(peak.get(key, 0.0), value)
-    return sorted(peak, key=lambda key: -peak[key])[:top]
-
-
-def save_counts(directory: Path, name: str, doc: dict[str, Any], title: str, intro: str,
-                tables: list[tuple[str, list[str], list[list[str]]]]) -> tuple[Path, Path]:
-    """Write a count's JSON and Markdown (``name.json``, ``name.md``) to
-    *directory*: the title, the intro line, then each (caption, header,
-    body) table.  Returns both paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    md = path.with_suffix(".md")
-    parts = [f"# {title}", intro]
-    for caption, header, body in tables:
-        parts += [caption] if caption else []
-        parts.append(markdown_table(header, body))
-    md.write_text("\n\n".join(parts) + "\n")
-    return path, md
-
-
 def headline(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     pinned = (f"server on CPU {m['server_cpu']}, client on CPU {m['client_cpu']}"
@@ -299,6 +248,8 @@ def terminal(doc: dict[str, Any], out: Callable[[str], None] = print) -> None:
             out(f"  skipped: {entry['skipped']}")
         if entry["loops"]:
             out(text_table(*rows(entry)))
+        for name, why in entry.get("unsupported", {}).items():
+            out(f"  {name} not run: {why}")
         if kind(entry) == "fairness" and (lines := per_worker(entry)):
             out(f"{PER_WORKER_NOTE}:")
             for line in lines:
@@ -318,7 +269,8 @@ def terminal(doc: dict[str, Any], out: Callable[[str], None] = print) -> None:
         out(f"failed runs, their errors above: {', '.join(failed)}")
 
 
-def markdown(doc: dict[str, Any], charts: list[Path]) -> str:
+def markdown(doc: dict[str, Any], charts: list[str]) -> str:
+    """The Markdown report of a run; *charts* the file names of its charts."""
     parts = [f"# Benchmark run {doc['started']}", "", headline(doc), "",
              f"Command: `python -m benchmarks {' '.join(doc['command'][1:])}`", ""]
     for name, why in doc["skipped"].items():
@@ -334,25 +286,28 @@ def markdown(doc: dict[str, Any], charts: list[Path]) -> str:
             clients = {d["client"] for d in entry["loops"].values()}
             parts += [markdown_table(*rows(entry)), "",
                       f"Client: {', '.join(sorted(clients))}; {spread_note(entry)}."]
+        for name, why in entry.get("unsupported", {}).items():
+            parts.append(f"- {name} not run: {why}")
         if kind(entry) == "fairness" and (lines := per_worker(entry)):
             parts += ["", f"{PER_WORKER_NOTE}:", ""] + [f"- {line}" for line in lines]
         for name, errors in entry.get("errors", {}).items():
             parts.append(f"- {name}: {len(errors)} failed run(s): `{errors[0]}`")
     if charts:
-        parts += ["", "## Charts", ""] + [f"![{p.stem}]({p.name})" for p in charts]
+        parts += ["", "## Charts", ""] + [f"![{Path(p).stem}]({p})" for p in charts]
     return "\n".join(parts) + "\n"
 
 
-def charts(doc: dict[str, Any], stem: Path) -> list[Path]:
-    """PNG charts: server CPU per unit (lower is better) and fairness per loop."""
+def charts(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The charts, matplotlib figures by name: server CPU per unit (lower is
+    better, ``cpu``) and fairness per loop (``jain``); None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return []
-    made = []
+        return None
+    made: dict[str, Any] = {}
     specs: tuple[tuple[str, str, Callable[[dict[str, Any]], bool], str], ...] = (
         ("server CPU per request, connection or MiB (lower is better)", "cpu_us_per_unit",
          lambda e: kind(e) in ("request", "connection", "MiB"), "µs per {unit}"),
@@ -387,11 +342,35 @@ def charts(doc: dict[str, Any], stem: Path) -> list[Path]:
             ax.axis("off")
         fig.suptitle(f"{title} — {doc['started']}, bars: median, whiskers: min-max", fontsize=10)
         fig.tight_layout()
-        path = stem.with_name(f"{stem.name}-{metric.split('_')[0]}.png")
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        made.append(path)
+        made[metric.split("_")[0]] = fig
     return made
+
+
+def save(doc: dict[str, Any], directory: Path, *, charts_too: bool = True) -> Path:
+    """Write a run's JSON, Markdown and (with *charts_too* and matplotlib)
+    charts to *directory*; return the JSON's path."""
+    name = results.stamp(doc["started"])
+    figures = charts(doc) if charts_too else {}
+    made = [results.chart_name(name, figure) for figure in figures or {}]
+    path = results.save(directory, name, doc, markdown(doc, made), figures)
+    if figures:
+        import matplotlib.pyplot as plt
+
+        for figure in figures.values():
+            plt.close(figure)
+    return path
+
+
+def write_reports(doc: dict[str, Any], directory: Path, *, charts_too: bool) -> None:
+    """Save a run (:func:`save`) and print its tables, summary and files."""
+    path = save(doc, directory, charts_too=charts_too)
+    made = sorted(directory.glob(f"{path.stem}-*.png")) if charts_too else []
+    if charts_too and not made:
+        print("note: matplotlib is not installed; no charts (pip install matplotlib)",
+              file=sys.stderr)
+    terminal(doc)
+    print(f"\nresults: {path}  report: {path.with_suffix('.md')}"
+          + "".join(f"  chart: {p}" for p in made))
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], out: Callable[[str], None] = print) -> int:

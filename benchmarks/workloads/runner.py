@@ -16,17 +16,19 @@ for the workloads marked ``syscalls`` when strace is installed.
 A run is one server process and one or more measured windows on it: one;
 one per path (``Workload.paths``: the same response in one write and in
 two); or the open-loop client's capacity, then its constant-rate loads
-(benchmarks.openloop).  A workload whose ``needs`` are missing here is
-skipped with the reason.
+(benchmarks.workloads.openloop).  A workload whose ``needs`` are missing
+here is skipped with the reason; a loop whose server says it cannot serve
+the workload (a peer without ``create_server(ssl=)``) is left out of it with
+its reason (``unsupported`` in the JSON), never replaced.  Every process
+starts through benchmarks.harness.processes; the TLS workloads' certificates
+are made once per run (benchmarks.harness.tls).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import fnmatch
-import json
 import math
 import os
 import platform
@@ -34,22 +36,20 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from benchmarks import checkout, fairness, loops, maths
-from benchmarks.workloads import WORKLOADS, Workload
-from benchmarks.workloads import missing as workload_missing
+from benchmarks.harness import checkout, loops, maths, processes, results, tls
+from benchmarks.harness.processes import ROOT, Process, cpus
+from benchmarks.workloads import fairness
+from benchmarks.workloads.catalog import WORKLOADS, Workload
+from benchmarks.workloads.catalog import missing as workload_missing
 
-ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
-#: Seconds any one server or client may take before the run is abandoned.
-HARD_TIMEOUT = 120.0
 #: Seconds a server may take to answer a mark, which takes it one loop
 #: iteration: one that falls further behind its input fails the run (rloop
 #: 0.5.0's pipe-100k server answered after 70-79 s in 3 runs of 26 on the
@@ -61,14 +61,6 @@ STRACE_WINDOW = 0.5
 
 
 # -- the machine ------------------------------------------------------------------
-
-
-def cpus() -> tuple[int | None, int | None]:
-    """(server CPU, client CPU), or (None, None) on a one-CPU machine."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        return None, None
-    return allowed[0], allowed[-1]
 
 
 def machine() -> dict[str, Any]:
@@ -90,6 +82,7 @@ def machine() -> dict[str, Any]:
         "client_cpu": client_cpu,
         "wrk": wrk_version(),
         "strace": shutil.which("strace") is not None,
+        "openssl": __import__("ssl").OPENSSL_VERSION,
         # Settings the children inherit: they change what the loops do.
         "environment": {k: v for k, v in os.environ.items()
                         if k.startswith("ASYNCIO_RELAXED_") or k in ("PYTHONASYNCIODEBUG",
@@ -100,88 +93,10 @@ def machine() -> dict[str, Any]:
 def wrk_version() -> str | None:
     if not shutil.which("wrk"):
         return None
-    out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, timeout=10)
-    return (out.stdout + out.stderr).split(" [")[0].strip() or "wrk"
-
-
-def pin(cpu: int | None) -> Callable[[], None] | None:
-    if cpu is None:
-        return None
-    return lambda: os.sched_setaffinity(0, {cpu})
-
-
-# -- processes ----------------------------------------------------------------------
-
-
-def _env(first: str | None = None) -> dict[str, str]:
-    """The environment of a child: *first* (a baseline checkout), then this tree."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-class Process:
-    """A child speaking JSON lines on stdout, killed on exit whatever happens."""
-
-    def __init__(self, command: Sequence[str], cpu: int | None,
-                 pythonpath: str | None = None) -> None:
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            # In the baseline's shim folder (checkout.import_dir: ``python -m``
-            # puts its working directory first on sys.path).
-            text=True, cwd=pythonpath or ROOT, env=_env(pythonpath), preexec_fn=pin(cpu),
-        )
-        self.command = command
-
-    def read(self, timeout: float = HARD_TIMEOUT) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = _readline(self.proc.stdout, timeout)
-        if not line:
-            self.proc.kill()
-            assert self.proc.stderr is not None
-            err = self.proc.stderr.read()
-            raise RuntimeError(f"{' '.join(self.command)} failed:\n{err[-2000:]}")
-        return json.loads(line)  # type: ignore[no-any-return]
-
-    def say(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _readline(stream: IO[str], timeout: float) -> str:
-    import selectors
-
-    with selectors.DefaultSelector() as sel:
-        sel.register(stream, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            raise TimeoutError(f"no answer within {timeout} s")
-    return stream.readline()
-
-
-@contextlib.contextmanager
-def processes() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    try:
-        yield started
-    finally:
-        for p in reversed(started):
-            if p.proc.poll() is None:
-                p.proc.kill()
-            p.proc.wait()
-            for stream in (p.proc.stdin, p.proc.stdout, p.proc.stderr):
-                if stream is not None:
-                    stream.close()
+    # wrk --version prints its version and exits 1.
+    proc = processes.spawn(["wrk", "--version"], stdin=processes.DEVNULL)
+    out, err = proc.communicate(timeout=10)
+    return (out + err).split(" [")[0].strip() or "wrk"
 
 
 # -- strace -------------------------------------------------------------------------
@@ -212,11 +127,11 @@ def parse_strace(text: str) -> dict[str, int]:
 def strace(pid: int, out: dict[str, int]) -> Iterator[None]:
     """Count the system calls of process *pid* (all threads) while inside."""
     with tempfile.NamedTemporaryFile("r", suffix=".strace") as f:
-        proc = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", f.name],
-                                stderr=subprocess.PIPE, text=True)
+        proc = processes.spawn(["strace", "-c", "-f", "-p", str(pid), "-o", f.name],
+                               stdin=processes.DEVNULL, stdout=processes.DEVNULL)
         try:
             assert proc.stderr is not None
-            _readline(proc.stderr, 10)  # "strace: Process N attached"
+            processes.readline(proc.stderr, 10)  # "strace: Process N attached"
             time.sleep(0.1)  # the other threads' attach lines
             yield
         finally:
@@ -230,19 +145,14 @@ def strace(pid: int, out: dict[str, int]) -> Iterator[None]:
 # -- one run ------------------------------------------------------------------------
 
 
-def child_json(args: Sequence[str], timeout: float) -> dict[str, Any]:
-    """Run ``python -m benchmarks *args*`` from this tree; the JSON of its
-    last line of output (a count tool's child prints it last)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=_env())
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+class Unsupported(Exception):
+    """The server of a loop cannot serve the workload (it said why)."""
 
 
 def server_command(w: Workload, loop: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.server", "--kind", w.server,
-            "--loop", loops.preset(loop), *w.server_args]
+    return processes.python("-m", "benchmarks.workloads.server", "--kind", w.server,
+                            "--loop", loops.preset(loop), *w.server_args,
+                            *(("--tls",) if w.tls else ()))
 
 
 def client_command(w: Workload, warmup: float, duration: float,
@@ -250,14 +160,16 @@ def client_command(w: Workload, warmup: float, duration: float,
     """The built-in client of *w* (the window on *path*, default ``w.path``);
     it reads the server's port from its input."""
     if w.client == "open":
-        return [sys.executable, "-m", "benchmarks.openloop", "--concurrency",
-                str(w.concurrency), "--request", str(w.request), "--response", str(w.response),
-                "--warmup", str(warmup), "--duration", str(duration)]
+        return processes.python(
+            "-m", "benchmarks.workloads.openloop", "--concurrency", str(w.concurrency),
+            "--request", str(w.request), "--response", str(w.response),
+            "--warmup", str(warmup), "--duration", str(duration))
     kind = "http" if w.client == "wrk" else w.client
-    return [sys.executable, "-m", "benchmarks.client", "--kind", kind,
-            "--concurrency", str(w.concurrency), "--request", str(w.request),
-            "--response", str(w.response), "--path", path or w.path,
-            "--warmup", str(warmup), "--duration", str(duration)]
+    return processes.python(
+        "-m", "benchmarks.workloads.client", "--kind", kind,
+        "--concurrency", str(w.concurrency), "--request", str(w.request),
+        "--response", str(w.response), "--path", path or w.path,
+        "--warmup", str(warmup), "--duration", str(duration), *(("--tls",) if w.tls else ()))
 
 
 def per_unit(counts: dict[str, int], units: float) -> dict[str, float]:
@@ -297,7 +209,7 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
     server_cpu, client_cpu = cpus()
     traced: dict[str, int] = {}
     use_wrk = w.client == "wrk" and shutil.which("wrk") is not None
-    with processes() as started:
+    with processes.processes() as started:
         server = Process(server_command(w, loop), server_cpu, checkout.import_dir(loop))
         started.append(server)
 
@@ -310,6 +222,8 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
 
         client = builtin()  # it starts up while the server does, then waits for the port
         listening = server.read()
+        if "unsupported" in listening:
+            raise Unsupported(listening["unsupported"])
         port = listening["listening"]
         checkout.check_package(loop, listening.get("relaxed"), ROOT)
         if w.client == "open":
@@ -460,14 +374,11 @@ def parse_wrk(text: str) -> dict[str, float]:
 
 def _wrk(port: int, w: Workload, seconds: int, cpu: int | None,
          path: str | None = None) -> dict[str, Any]:
-    out = subprocess.run(
+    scheme = "https" if w.tls else "http"  # wrk's own TLS (OpenSSL) for https-0b
+    out, _ = processes.call(
         ["wrk", "-t1", f"-c{w.concurrency}", f"-d{seconds}s", "--latency",
-         f"http://127.0.0.1:{port}{path or w.path}"],
-        capture_output=True, text=True, timeout=seconds + 30, preexec_fn=pin(cpu),
-    )
-    if out.returncode:
-        raise RuntimeError(f"wrk failed: {out.stderr}")
-    return parse_wrk(out.stdout)
+         f"{scheme}://127.0.0.1:{port}{path or w.path}"], timeout=seconds + 30, cpu=cpu)
+    return parse_wrk(out)
 
 
 # -- the run ------------------------------------------------------------------------
@@ -592,7 +503,7 @@ def run(
 
     *command* is the command line the document records (this process's
     when None); *progress* gets a line per run and each note."""
-    started = datetime.datetime.now(datetime.UTC)
+    started = results.now()
     all_loops, runs = plan(workloads, loop_names, baseline)
     skipped = {n: why for n in all_loops if (why := loops.missing(n))}
     for name, why in skipped.items():
@@ -606,6 +517,8 @@ def run(
     for why in unable.values():
         progress(f"note: {why}; skipped")
     runs = [(w, [] if w.name in unable else names) for w, names in runs]
+    if any(w.tls and names for w, names in runs):
+        tls.ensure()  # the certificates, once, for every child of the run
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "started": started.isoformat(timespec="seconds"),
@@ -628,15 +541,21 @@ def run(
                          for w, names in runs), progress)
     for w, names in runs:
         entry: dict[str, Any] = {"name": w.name, "about": w.about, "unit": w.unit,
-                                 "params": w.params(), "loops": {}, "errors": {}}
+                                 "params": w.params(), "loops": {}, "errors": {},
+                                 "unsupported": {}}
         if w.name in unable:
             entry["skipped"] = unable[w.name]
         samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for r in range(repeat):
             for name in names:
                 meter.step(f"{w.name:<26} {name:<18} run {r + 1}/{repeat}")
+                if name in entry["unsupported"]:
+                    continue
                 try:
                     samples[name].append(run_one(w, name, warmup=warmup, duration=duration))
+                except Unsupported as exc:
+                    entry["unsupported"][name] = str(exc)
+                    progress(f"  not run: {exc}")
                 except Exception as exc:  # one failed run must not lose the others
                     entry["errors"].setdefault(name, []).append(f"{type(exc).__name__}: {exc}")
                     progress(f"  failed: {type(exc).__name__}: {exc}")
@@ -659,35 +578,16 @@ def run(
                     continue
                 entry["loops"][name]["syscalls_strace"] = traced["syscalls_strace"]
         doc["workloads"].append(entry)
-    doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    doc["finished"] = results.now().isoformat()
     return doc
 
 
 def _fits(w: Workload, loop: str) -> bool:
     """An accept preset only where accept matters, a write preset only
-    elsewhere, the floor only where it has a server (echo-protocol)."""
-    if loops.SPECS[loops.preset(loop)].kind == "floor":
-        return w.server == "echo-protocol"
+    elsewhere, a floor only where it has a server (LoopSpec.serves)."""
+    spec = loops.SPECS[loops.preset(loop)]
+    if spec.kind == "floor":
+        return w.serves in spec.serves
     settings = loops.SPECS[loops.preset(loop)].settings
     accept_workload = w.client in ("churn", "fairness")
     return not (("accept" in settings) and not accept_workload)
-
-
-def _finite(value: Any) -> Any:
-    """Standard JSON has no infinity: an infinite figure (max/min when a
-    worker got nothing) is written as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def save(doc: dict[str, Any], directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    stamp = doc["started"].replace(":", "").replace("-", "").replace("+0000", "Z")
-    path = directory / f"{stamp}.json"
-    path.write_text(json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
-    return path

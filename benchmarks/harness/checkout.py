@@ -2,7 +2,7 @@
 also from the asyncio_relaxed in DIR.
 
 The twin of preset ``NAME`` is ``NAME@base``, a row of
-:data:`benchmarks.loops.SPECS` whose ``checkout`` is DIR: its server
+:data:`benchmarks.harness.loops.SPECS` whose ``checkout`` is DIR: its server
 processes import asyncio_relaxed from DIR, so one run compares a change with
 what it changed, next to the same peers.  Each child reports the package it
 imported (:func:`relaxed_package`) and :func:`check_package` refuses a
@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 
-from benchmarks.loops import SPECS
+from benchmarks.harness.loops import SPECS
 
 #: Checkout path -> a folder holding only a link to its asyncio_relaxed.
 _SHIMS: dict[str, str] = {}

@@ -1,0 +1,310 @@
+"""What every stream transport of the loop shares beside reading and writing:
+the socket and its two addresses, ``get_extra_info``, the protocol and the
+server, the loop's scheduling in the transport's context, and the finaliser.
+
+:class:`TransportBase` is to :class:`~asyncio_relaxed._transport.SocketTransport`
+what uvloop's ``UVBaseTransport`` is to its ``UVStream``: the transport's
+identity and bookkeeping, with read, write and close left to the subclass.
+
+Addresses.  The socket and the two addresses of stock's extra dict live in
+slots; the dict is made only when a caller touches ``_extra`` (code in the
+wild reads ``transport._extra["peername"]``), and until then holds only the
+keys a caller passed.  Accepted connections share their local address (one
+tuple per address a listener answers on) and their peer's host string (a
+server behind a proxy sees few hosts), in two caches of at most
+:data:`SHARED_MAX` entries each: together about 300 bytes less per
+connection than stock's three-entry dict, eager TransportSocket and copies.
+
+This module's names from asyncio are its public transport classes and, through
+:mod:`asyncio_relaxed._compat`, the private layout they are built on.
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from . import _compat
+from ._shared import TransportShared
+
+__all__ = ["SHARED_MAX", "TransportBase"]
+
+# get_extra_info's fallback when the caller passed no extra keys of its own.
+_NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
+# Where BaseTransport keeps _extra; the transport's _extra is a property.
+_RAW_EXTRA: Any = _compat.TRANSPORT_EXTRA_SLOT
+_STOCK_GET_EXTRA_INFO = _compat.STOCK_GET_EXTRA_INFO
+_Base: Any = _compat.FlowControlMixin
+
+# Flow control's default marks, stock's: 64 KiB, and a quarter of it.
+_DEFAULT_HIGH_WATER = 64 * 1024
+_DEFAULT_LOW_WATER = _DEFAULT_HIGH_WATER // 4
+
+#: Entries of each address cache at most: at the cap one starts over
+#: (listeners and peers come and go).
+SHARED_MAX = 1024
+_SERVER_SOCKNAMES: dict[Any, Any] = {}  # the local address of accepted sockets
+_PEER_HOSTS: dict[Any, Any] = {}  # the host strings of accepted connections' peers
+
+
+def _shared(cache: dict[Any, Any], value: Any) -> Any:
+    """The object equal to *value* that *cache* holds (*value* itself, the
+    first time): one object per distinct value, whoever asks."""
+    shared = cache.get(value)
+    if shared is None:
+        if len(cache) >= SHARED_MAX:
+            cache.clear()
+        cache[value] = shared = value
+    return shared
+
+
+def _share_peer_host(addr: Any) -> Any:
+    """*addr* with its host string shared with earlier peers of that host."""
+    if type(addr) is not tuple or len(addr) < 2:
+        return addr  # a Unix socket's path, or nothing
+    host = _shared(_PEER_HOSTS, addr[0])
+    return addr if host is addr[0] else (host, *addr[1:])
+
+
+def _peername(sock: socket.socket) -> Any:
+    try:
+        return sock.getpeername()
+    except OSError:
+        return None
+
+
+class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[misc]
+    """A stream transport's identity: socket, addresses, protocol, server.
+
+    Slots for its state, plus a ``__dict__`` as stock's transport has: tests
+    and libraries patch a transport's methods (``mock.patch.object(transport,
+    "write", ...)``) and set attributes on it.  The dict is made only when
+    something is set that has no slot.
+    """
+
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_closing",
+        "_conn_lost",
+        "_extra_dict",
+        "_peername",
+        "_protocol",
+        "_protocol_connected",
+        "_server",
+        "_shared",
+        "_sock",
+        "_sock_fd",
+        "_sockname",
+        "_tsock",
+        *(("_context",) if _compat.PY315 else ()),
+    )
+
+    _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
+    _protocol: Any  # None once connection_lost has run
+    if not _compat.PY315:
+        # Where 3.15 keeps the context the transport's callbacks run in
+        # (gh-140947); before 3.15 each callback runs in a copy of the
+        # context that scheduled it, as stock's do.
+        _context: Any = None
+
+    def __init__(self, loop: Any, sock: socket.socket, extra: dict[str, Any] | None,
+                 server: Any, shared: TransportShared, context: Any) -> None:
+        # __del__ reads these even if __init__ fails half-way.
+        self._sock: socket.socket | None = None
+        self._server = None
+        self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
+        self._closing = False  # Set when close() is called.
+        self._shared = shared
+        self._extra_dict: dict[str, Any] | None = None  # see the _extra property
+        if _compat.PY315:
+            self._context = context
+        if extra:
+            if "peername" in extra:
+                peername = extra["peername"]
+                if len(extra) == 1:
+                    extra = None  # the accept path's only key: kept in a slot
+            else:
+                peername = _peername(sock)
+        else:
+            peername = _peername(sock)
+            extra = None
+        super().__init__(extra or _NO_EXTRA, loop)
+        self._peername = _share_peer_host(peername) if server is not None else peername
+        try:
+            sockname = sock.getsockname()
+        except OSError:
+            sockname = None
+        else:
+            if server is not None:
+                sockname = _shared(_SERVER_SOCKNAMES, sockname)
+        self._sockname = sockname
+        # The socket, until get_extra_info("socket") wraps it (then the
+        # TransportSocket): stock wraps every socket up front.
+        self._tsock: Any = sock
+        self._sock = sock
+        self._sock_fd = sock.fileno()
+        self._protocol_connected = False
+        self._protocol = None  # set_protocol() compares with the previous one
+
+    def _attach(self, server: Any) -> None:
+        """Count the transport in its asyncio Server's connections, enter it
+        in the loop's transports, and promise the poller to release the fd
+        before closing it (so it may defer removing its interest: a
+        pause+resume in one iteration is free)."""
+        if server is not None:
+            self._server = server
+            _compat.server_attach(server, self)
+        self._loop._transports[self._sock_fd] = self
+        self._shared.poller.own(self._sock_fd)
+
+    # -- the loop's scheduling, in the transport's context (3.15) ----------
+
+    if _compat.PY315:
+        def _call_soon(self, callback: Any, *args: Any) -> None:
+            self._loop.call_soon(callback, *args, context=self._context)
+
+        def _watch_read(self, callback: Any) -> None:
+            self._loop._add_reader(self._sock_fd, callback, context=self._context)
+
+        def _watch_write(self) -> None:
+            self._loop._add_writer(self._sock_fd, self._write_ready, context=self._context)
+    else:
+        def _call_soon(self, callback: Any, *args: Any) -> None:
+            self._loop.call_soon(callback, *args)
+
+        def _watch_read(self, callback: Any) -> None:
+            self._loop._add_reader(self._sock_fd, callback)
+
+        def _watch_write(self) -> None:
+            self._loop._add_writer(self._sock_fd, self._write_ready)
+
+    def _unwatch_read(self) -> None:
+        self._loop._remove_reader(self._sock_fd)
+
+    def _unwatch_write(self) -> None:
+        self._loop._remove_writer(self._sock_fd)
+
+    def _write_ready(self) -> None:
+        raise NotImplementedError
+
+    # -- identity ---------------------------------------------------------
+
+    def __repr__(self) -> str:
+        info = [self.__class__.__name__]
+        if self._sock is None:
+            info.append("closed")
+        elif self._closing:
+            info.append("closing")
+        info.append(f"fd={self._sock_fd}")
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                mask = self._shared.poller.get_key(self._sock_fd).events
+            except (KeyError, ValueError):
+                mask = 0
+            info.append("read=polling" if mask & 1 else "read=idle")
+            state = "polling" if mask & 2 else "idle"
+            info.append(f"write=<{state}, bufsize={self.get_write_buffer_size()}>")
+        return "<{}>".format(" ".join(info))
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        # Only what no scheduled _call_connection_lost will do.  The collector
+        # can finalise a transport whose close() or abort() (say from a
+        # StreamWriter's own finaliser in the same cycle) has just scheduled
+        # _call_connection_lost: that handle resurrects the transport and
+        # closes the socket, releases the fd and detaches the server itself,
+        # so here nothing is done twice (a second detach fails an assertion
+        # on 3.11-3.12, or takes the server's count below zero under -O).
+        # A transport collected with nothing scheduled is marked lost first,
+        # so a close() or abort() on it afterwards does nothing.
+        if self._sock is None or self._conn_lost:
+            return
+        _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+        self._closing = True
+        self._conn_lost += 1
+        self._lost()
+        self._release_fd()
+        self._sock.close()
+        self._detach_server()
+
+    def _lost(self) -> None:
+        """The connection is lost (``_conn_lost`` was just set): whatever the
+        subclass must stop accepting."""
+
+    def _detach_server(self) -> None:
+        """Detach from the asyncio Server that accepted the connection, once."""
+        server = self._server
+        if server is not None:
+            self._server = None
+            _compat.server_detach(server, self)
+
+    def _release_fd(self) -> None:
+        """Tell the poller the fd is about to close (see _poller, edge 1)."""
+        self._shared.poller.release(self._sock_fd)
+
+    def get_protocol(self) -> Any:
+        return self._protocol
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def _set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None and low is None:
+            # Stock's defaults, as shared int objects: stock computes the low
+            # mark per transport, a 32-byte int per connection.
+            # (Slots of the base class, which mypy sees as Any.)
+            self._high_water = _DEFAULT_HIGH_WATER
+            self._low_water = _DEFAULT_LOW_WATER
+        else:
+            super()._set_write_buffer_limits(high, low)
+
+    # -- extra info ---------------------------------------------------------
+
+    # ``_extra`` is private to asyncio, but code in the wild reads and writes
+    # ``transport._extra["peername"]``: it gets stock's dict (the caller's
+    # keys, then socket, sockname and peername), made on first touch, after
+    # which get_extra_info answers from it.  Until then the caller's own keys
+    # stay in BaseTransport's slot and the addresses in ours.
+    @property
+    def _extra(self) -> dict[str, Any]:
+        made = self._extra_dict
+        if made is None:
+            made = dict(_RAW_EXTRA.__get__(self, type(self)))
+            made["socket"] = self._transport_socket()
+            made["sockname"] = self._sockname
+            made["peername"] = self._peername  # the caller's, when it gave one
+            self._extra_dict = made
+        return made
+
+    @_extra.setter
+    def _extra(self, extra: Any) -> None:  # BaseTransport.__init__
+        _RAW_EXTRA.__set__(self, extra)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        stock = _Base.get_extra_info
+        if stock is not _STOCK_GET_EXTRA_INFO:
+            # Patched on a base class (asyncio.Transport, say): the patch
+            # answers, called as stock's transport would call it.
+            if default is None:
+                return super().get_extra_info(name)
+            return super().get_extra_info(name, default)
+        made = self._extra_dict
+        if made is not None:
+            return made.get(name, default)
+        if name == "peername":
+            return self._peername
+        if name == "sockname":
+            return self._sockname
+        if name == "socket":
+            return self._transport_socket()
+        return _RAW_EXTRA.__get__(self, type(self)).get(name, default)
+
+    def _transport_socket(self) -> Any:
+        tsock = self._tsock
+        if tsock is not None and type(tsock) is not _compat.TransportSocket:
+            tsock = self._tsock = _compat.TransportSocket(tsock)
+        return tsock

@@ -1,0 +1,81 @@
+"""Socket helpers of the transports and the accept path: what kind of
+socket, its options, the vector limit, and the loop's receive buffer.
+
+This module knows nothing of asyncio.
+"""
+
+from __future__ import annotations
+
+import _socket
+import mmap
+import os
+import socket
+import sys
+
+__all__ = ["ACCEPTED_INHERIT_TCP_OPTIONS", "HAS_SENDMSG", "IOV_MAX", "SMALL_READ", "is_tcp",
+           "read_buffer", "set_options"]
+
+try:
+    IOV_MAX: int = max(16, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):
+    IOV_MAX = 16
+
+HAS_SENDMSG = hasattr(socket.socket, "sendmsg")
+
+#: The size of a small read (_transport, "Reads"): under glibc's default
+#: M_MMAP_THRESHOLD (128 KiB), so recv() allocates from the heap.
+SMALL_READ = 64 * 1024
+
+# Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
+# to the sockets accept() returns; checked with getsockopt in the tests.
+ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
+
+_TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+# The C socket's own attributes: socket.socket's family and type properties
+# make an enum member per read.
+_FAMILY = _socket.socket.family
+_TYPE = _socket.socket.type
+
+
+def is_tcp(sock: socket.socket) -> bool:
+    """A TCP stream socket, whatever its proto says (``socket.socket(family)``
+    leaves it 0)."""
+    if isinstance(sock, _socket.socket):
+        family, kind = _FAMILY.__get__(sock), _TYPE.__get__(sock)
+    else:  # a wrapper (gunicorn's listeners) that passes attributes on
+        family, kind = sock.family, sock.type
+    return (family in _TCP_FAMILIES and kind == socket.SOCK_STREAM
+            and sock.proto in (0, socket.IPPROTO_TCP))
+
+
+def set_options(sock: socket.socket, options: list[tuple[int, int, int]]) -> None:
+    """setsockopt each (level, option, value); a refused one is skipped."""
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            pass
+
+
+def read_buffer(size: int) -> mmap.mmap | bytearray:
+    """The loop's receive buffer: *size* bytes starting on a page boundary.
+
+    Why aligned: the kernel's copy of received data into the buffer
+    (``_copy_to_iter`` in a perf profile) is much dearer when the buffer
+    starts a few bytes past a page boundary and the data came from the
+    peer in page-sized chunks, as bulk data does.  A ``bytearray(256 KiB)``
+    starts exactly there: glibc serves it with mmap and returns the page
+    start + 16 (its chunk header); or, once freeing a large block has raised
+    glibc's mmap threshold, a heap address whose offset depends on what the
+    process allocated before.  echo-protocol-100k-c10 with the buffer placed
+    at a chosen offset: 58-78 us system CPU per request at page offset 16,
+    26-33 at offset 0 or 2048, with the same system calls in every case.
+
+    An anonymous mmap is page-aligned whatever the heap's history.
+    MAP_PRIVATE because mmap's default, MAP_SHARED, would let a process
+    forked after this and its parent overwrite each other's reads.  Where
+    there is no anonymous mmap (Windows), a bytearray.
+    """
+    if hasattr(mmap, "MAP_ANONYMOUS"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return bytearray(size)

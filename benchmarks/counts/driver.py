@@ -1,0 +1,445 @@
+"""The in-process workloads the count tools run: an echo and an aiohttp hello.
+
+benchmarks.counts.instructions counts what these execute under callgrind,
+benchmarks.counts.bytecodes which Python functions they run; both need a
+workload that does the same work on every loop and nothing else in the
+process, so both drive it in-process:
+
+* ``PAIRS`` socket pairs; one end of each is served by the loop under test
+  (``connect_accepted_socket`` + a plain echo Protocol), the other end is the
+  client, driven by a callback on the same loop (:class:`Driver`): it sends
+  one message on every pair, and once every echo is back in full, the next
+  round;
+* ``tls``: the same 1 KiB echo over TLS 1.3 (benchmarks.harness.tls): the
+  served ends through ``connect_accepted_socket(ssl=)``, the client ends
+  non-blocking ``ssl.SSLSocket`` objects whose handshakes are pumped from a
+  loop callback before the first round;
+* ``http``: an aiohttp app on the loop under test, ``GET /`` answering 0
+  bytes, over ``PAIRS`` keep-alive connections driven the same way (one
+  request per connection per round, the next round once the handler has
+  run for all of them and every response is back);
+* ``life``: a connection's life, per connection: ``PAIRS`` blocking client
+  sockets connect to a ``create_server`` echo on the loop under test and
+  send 1 KiB each; once every echo is written the driver reads them and
+  closes the clients, and the next round starts when the server has seen
+  ``connection_lost`` for all of them (accept, connection_made, one read,
+  one write, EOF, close);
+* the floors: the same driver around a minimal echo in pure Python
+  (:func:`floor`: ``epoll.poll``, ``recv``, ``send``; :func:`floor_tls`: the
+  same around an ``SSLObject`` with memory BIOs and reused buffers, as
+  benchmarks.workloads.floors' ``floor-tls-bio``), so *above the floor* is
+  what a loop adds to the least any Python echo must execute.
+
+*on_round(left)* is called as each round is sent, with the rounds left
+after it, and with -1 once the last is back: the bytecode counter turns
+itself on and off there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import mmap
+import os
+import select
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.harness import checkout, loops, tls
+
+PAIRS = 10
+WARMUP_ROUNDS = 100
+#: The size tokens of the aiohttp workload, of the 1 KiB echo over TLS and
+#: of a connection's life.
+HTTP = "http"
+TLS = "tls"
+LIFE = "life"
+LIFE_SIZE = 1024
+TLS_SIZE = 1024
+HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
+FLOOR = "floor"
+#: The loops' functions of the floors (module:qualname), for the counts' groups.
+FLOOR_FUNCTIONS = ("driver:floor", "driver:floor_tls")
+_PLAIN_SIZE = 256 * 1024
+
+
+def _no_hook(left: int) -> None:
+    """The on_round of a run nobody watches."""
+
+
+class Echo(asyncio.Protocol):
+    """Writes back what it gets; the round's last byte schedules the driver."""
+
+    def __init__(self, round_done: Callable[[int], None]) -> None:
+        self.round_done = round_done
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.round_done(len(data))
+
+
+def _pairs(size: int, over_tls: bool) -> tuple[list[socket.socket], list[socket.socket]]:
+    """(served ends, client ends): non-blocking, the client ends with
+    buffers for a few messages (and over TLS, wrapped, not yet shaken)."""
+    served, clients = [], []
+    context = tls.client_context() if over_tls else None
+    for _ in range(PAIRS):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * size)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * size)
+        if context is not None:
+            b = context.wrap_socket(b, server_hostname=tls.HOSTNAME,
+                                    do_handshake_on_connect=False)
+        served.append(a)
+        clients.append(b)
+    return served, clients
+
+
+def _shake(clients: list[socket.socket]) -> bool:
+    """One non-blocking handshake step on every client end not yet done;
+    True once all are."""
+    done = True
+    for client in clients:
+        if isinstance(client, ssl.SSLSocket):
+            try:
+                client.do_handshake()
+            except ssl.SSLWantReadError:
+                done = False
+    return done
+
+
+class Driver:
+    """The client ends: one message on every pair per round; the next round
+    once the server has echoed the whole round (``echoed``) and it is back.
+
+    The same work per round on every loop: the driver reads only after the
+    last echo was written, so it rarely finds a socket empty (a short write
+    by the server leaves the rest for later; then it tries again)."""
+
+    def __init__(self, clients: list[socket.socket], size: int, rounds: int,
+                 on_round: Callable[[int], None] | None = None) -> None:
+        self.clients = clients
+        self.on_round = on_round or _no_hook
+        self.message = os.urandom(size)
+        self.size = size
+        self.rounds = rounds
+        self.missing = [0] * len(clients)
+        self.unechoed = 0  # bytes of this round the server has not written back
+
+    def send_round(self) -> None:
+        self.rounds -= 1
+        self.on_round(self.rounds)
+        self.unechoed = self.size * len(self.clients)
+        for i, client in enumerate(self.clients):
+            client.sendall(self.message)  # the peer's buffer holds a whole message
+            self.missing[i] = self.size
+
+    def echoed(self, nbytes: int) -> bool:
+        """The server wrote *nbytes* back; True when that completes the round."""
+        self.unechoed -= nbytes
+        return self.unechoed == 0
+
+    def next_round(self) -> bool:
+        """The floors' end of a round (its last echo is written): read it all
+        back, then send the next round (True), or end the run (False)."""
+        while not self.receive():
+            pass
+        if not self.rounds:
+            self.on_round(-1)
+            return False
+        self.send_round()
+        return True
+
+    def receive(self) -> bool:
+        """Read what has come back; True once the whole round has."""
+        for i, client in enumerate(self.clients):
+            while self.missing[i]:
+                try:
+                    self.missing[i] -= len(client.recv(self.missing[i]))
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    return False
+        return True
+
+
+def child(loop_name: str, size: int | str, rounds: int,
+          on_round: Callable[[int], None] | None = None) -> None:
+    """One echo run (*size* bytes, or TLS for 1 KiB over TLS) of *rounds*
+    after the warm-up, on loop *loop_name* or the floor."""
+    over_tls = size == TLS
+    nbytes = TLS_SIZE if over_tls else int(size)
+    served, clients = _pairs(nbytes, over_tls)
+    driver = Driver(clients, nbytes, WARMUP_ROUNDS + rounds, on_round)
+    if loop_name == FLOOR:
+        (floor_tls if over_tls else floor)(served, driver)
+        return
+    # Which tree asyncio_relaxed comes from, for the parent's check.
+    print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
+    loop = loops.factory(loop_name)()
+    finished = loop.create_future()
+    context = tls.server_context() if over_tls else None
+
+    def next_round() -> None:
+        # A loop callback, from the iteration after the round's last echo.
+        if not driver.receive():
+            loop.call_soon(next_round)  # a short write: the rest comes later
+        elif driver.rounds:
+            driver.send_round()
+        else:
+            driver.on_round(-1)
+            finished.set_result(None)
+
+    def round_done(nbytes: int) -> None:
+        if driver.echoed(nbytes):
+            loop.call_soon(next_round)
+
+    def pump() -> None:  # the clients' handshakes, while the loop serves theirs
+        if not _shake(clients):
+            loop.call_soon(pump)
+
+    async def serve_all() -> None:
+        await asyncio.gather(*(
+            loop.connect_accepted_socket(lambda: Echo(round_done), sock, ssl=context)
+            for sock in served))
+
+    if context is not None:
+        loop.call_soon(pump)
+    loop.run_until_complete(serve_all())
+    while not _shake(clients):  # the last client may still wait for its last flight
+        loop.run_until_complete(asyncio.sleep(0))
+    driver.send_round()
+    loop.run_until_complete(finished)
+    loop.close()
+
+
+def http_child(loop_name: str, rounds: int,
+               on_round: Callable[[int], None] | None = None) -> None:
+    """The aiohttp run: ``PAIRS`` keep-alive clients, one GET each per round."""
+    from aiohttp import web
+
+    on_round = on_round or _no_hook
+    print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
+    loop = loops.factory(loop_name)()
+    finished = loop.create_future()
+    clients: list[socket.socket] = []
+    missing = [0] * PAIRS  # responses not yet read, per client
+    state = {"rounds": WARMUP_ROUNDS + rounds, "served": 0}
+
+    def send_round() -> None:
+        state["rounds"] -= 1
+        on_round(state["rounds"])
+        for i, client in enumerate(clients):
+            client.sendall(HTTP_REQUEST)
+            missing[i] += 1
+
+    def receive() -> bool:
+        # A 0-byte response is its head: one blank line ends each.
+        for i, client in enumerate(clients):
+            while missing[i]:
+                try:
+                    data = client.recv(65536)
+                except BlockingIOError:
+                    return False
+                missing[i] -= data.count(b"\r\n\r\n")
+        return True
+
+    def next_round() -> None:
+        if not receive():
+            loop.call_soon(next_round)
+        elif state["rounds"]:
+            send_round()
+        else:
+            on_round(-1)
+            finished.set_result(None)
+
+    async def hello(request: web.Request) -> web.Response:
+        state["served"] += 1
+        if state["served"] % PAIRS == 0:
+            loop.call_soon(next_round)
+        return web.Response(body=b"")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/", hello)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        for _ in range(PAIRS):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.setblocking(False)
+            clients.append(client)
+        send_round()
+        await finished
+        for client in clients:
+            client.close()
+        await runner.cleanup()
+
+    loop.run_until_complete(main())
+    loop.close()
+
+
+class _LifeEcho(asyncio.Protocol):
+    """The server side of a connection's life: echo, then close on EOF."""
+
+    def __init__(self, life: _Life) -> None:
+        self.life = life
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.life.echoed(len(data))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.life.lost()
+
+
+class _Life:
+    """The client side of ``life``: a round is PAIRS connections."""
+
+    def __init__(self, loop: Any, rounds: int, on_round: Callable[[int], None]) -> None:
+        self.loop = loop
+        self.rounds = rounds
+        self.on_round = on_round
+        self.address: Any = None
+        self.message = os.urandom(LIFE_SIZE)
+        self.clients: list[socket.socket] = []
+        self.unechoed = self.open = 0
+        self.finished = loop.create_future()
+
+    def next_round(self) -> None:
+        if not self.rounds:
+            self.on_round(-1)
+            self.finished.set_result(None)
+            return
+        self.rounds -= 1
+        self.on_round(self.rounds)
+        self.unechoed = LIFE_SIZE * PAIRS
+        self.open = PAIRS
+        self.clients = []
+        for _ in range(PAIRS):
+            client = socket.socket()
+            client.connect(self.address)  # loopback: done once the listener queues it
+            client.sendall(self.message)
+            self.clients.append(client)
+
+    def echoed(self, nbytes: int) -> None:
+        self.unechoed -= nbytes
+        if not self.unechoed:
+            self.loop.call_soon(self.close_clients)
+
+    def close_clients(self) -> None:
+        for client in self.clients:
+            got = 0
+            while got < LIFE_SIZE:
+                got += len(client.recv(LIFE_SIZE))
+            client.close()
+
+    def lost(self) -> None:
+        self.open -= 1
+        if not self.open:
+            self.loop.call_soon(self.next_round)
+
+
+def life_child(loop_name: str, rounds: int,
+               on_round: Callable[[int], None] | None = None) -> None:
+    """The ``life`` run: PAIRS connections per round, each connect, 1 KiB
+    echo, close."""
+    print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
+    loop = loops.factory(loop_name)()
+    life = _Life(loop, WARMUP_ROUNDS + rounds, on_round or _no_hook)
+
+    async def main() -> None:
+        server = await loop.create_server(lambda: _LifeEcho(life), "127.0.0.1", 0,
+                                          backlog=4 * PAIRS)
+        life.address = server.sockets[0].getsockname()
+        life.next_round()
+        await life.finished
+        server.close()
+        await server.wait_closed()
+
+    loop.run_until_complete(main())
+    loop.close()
+
+
+def floor(served: list[socket.socket], driver: Driver) -> None:
+    """The least a Python echo executes: poll, recv, send; same driver."""
+    epoll = select.epoll()
+    by_fd = {sock.fileno(): sock for sock in served}
+    for fd in by_fd:
+        epoll.register(fd, select.EPOLLIN)
+    driver.send_round()
+    while True:
+        done = False
+        for fd, _ in epoll.poll(-1, PAIRS):
+            sock = by_fd[fd]
+            data = sock.recv(65536)
+            sock.send(data)  # a short send never happens at these sizes
+            done = driver.echoed(len(data)) or done
+        if done and not driver.next_round():
+            return
+
+
+def floor_tls(served: list[socket.socket], driver: Driver) -> None:
+    """The least a Python TLS echo executes: poll, recv_into one buffer, an
+    SSLObject over memory BIOs read into a second, its records sent in one
+    send; same driver (floors.BioFloor, without its bookkeeping)."""
+    context = tls.server_context()
+    epoll = select.epoll()
+    cipher = memoryview(mmap.mmap(-1, _PLAIN_SIZE))
+    plain = memoryview(mmap.mmap(-1, _PLAIN_SIZE))
+    by_fd: dict[int, tuple[socket.socket, ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]] = {}
+    for sock in served:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        by_fd[sock.fileno()] = (sock, context.wrap_bio(incoming, outgoing, server_side=True),
+                                incoming, outgoing)
+        epoll.register(sock.fileno(), select.EPOLLIN)
+    shaken: set[int] = set()
+    while len(shaken) < len(by_fd) or not _shake(driver.clients):  # the handshakes
+        _shake(driver.clients)
+        for fd, _ in epoll.poll(0.01, PAIRS):
+            sock, obj, incoming, outgoing = by_fd[fd]
+            incoming.write(sock.recv(65536))
+            try:
+                obj.do_handshake()
+                shaken.add(fd)
+            except ssl.SSLWantReadError:
+                pass
+            if outgoing.pending:
+                sock.send(outgoing.read())
+    driver.send_round()
+    while True:
+        done = False
+        for fd, _ in epoll.poll(-1, PAIRS):
+            sock, obj, incoming, outgoing = by_fd[fd]
+            incoming.write(cipher[:sock.recv_into(cipher)])
+            try:
+                while n := obj.read(_PLAIN_SIZE, plain):
+                    obj.write(plain[:n])
+                    done = driver.echoed(n) or done
+            except ssl.SSLWantReadError:
+                pass
+            sock.send(outgoing.read())  # a short send never happens at this size
+        if done and not driver.next_round():
+            return
+
+
+def run(loop_name: str, size: int | str, rounds: int,
+        on_round: Callable[[int], None] | None = None) -> None:
+    """The workload of *size* (bytes, TLS, HTTP or LIFE) on *loop_name*."""
+    if size == HTTP:
+        http_child(loop_name, rounds, on_round)
+    elif size == LIFE:
+        life_child(loop_name, rounds, on_round)
+    else:
+        child(loop_name, size, rounds, on_round)

@@ -1,0 +1,3 @@
+"""The throughput workloads: servers and load generators in their own
+processes, the runner and its report.  Imports the harness only (see
+benchmarks/__init__.py)."""

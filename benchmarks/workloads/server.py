@@ -1,0 +1,257 @@
+"""The server process of every workload: ``python -m benchmarks.workloads.server``.
+
+It serves one kind of server on one loop, prints ``{"listening": PORT, ...}``
+and then answers the runner's marks (benchmarks.workloads.control) until
+the end of its input.
+
+Kinds of server (the protocol API and the work per request are the
+workload's, nothing else differs between loops):
+
+- ``echo-protocol``, ``echo-buffered``, ``echo-streams``: echo every byte,
+  through ``asyncio.Protocol``, ``asyncio.BufferedProtocol``, and
+  ``asyncio.start_server`` streams (vmbench's three servers);
+- ``pipe``: echo with flow control (``pause_reading`` while the transport's
+  buffer is above its high-water mark), node's tcp-raw-pipe server;
+- ``pieces``: answer each request of ``--request`` bytes with ``--pieces``
+  writes of ``--piece`` bytes made in one callback (what deferred writes
+  coalesce);
+- ``split``: HTTP/1.1 keep-alive, one response of 13 bytes of text, written
+  in one write for ``GET /one`` and in two, head then body, for
+  ``GET /two`` (what uvicorn does for every response);
+- ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB;
+- ``uvicorn``: uvicorn with httptools serving an ASGI app, on the loop
+  uvicorn's own ``--loop`` option makes (benchmarks.workloads.asgi).
+
+``--tls`` serves ``echo-protocol`` and ``http`` over TLS 1.3
+(``create_server(ssl=)``, aiohttp's ``ssl_context``; benchmarks.harness.tls
+has the certificates).  A loop whose ``create_server(ssl=)`` refuses
+(NotImplementedError, or a TypeError for the keyword) says so instead of
+listening (control.unsupported), and the runner notes it.
+
+A floor (``--loop floor``, ``floor-tls-bio``, ``floor-tls-socket``) runs no
+event loop: benchmarks.workloads.floors serves it, the least a Python echo
+server executes, so the CPU time per request of each loop can be read
+against what Python, the kernel and OpenSSL cost here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ssl
+from typing import Any
+
+from benchmarks.harness import checkout, loops, tls
+from benchmarks.workloads import asgi, floors
+from benchmarks.workloads.control import (
+    control,
+    finish,
+    listening,
+    raise_fd_limit,
+    unsupported,
+)
+from benchmarks.workloads.floors import READ_SIZE, aligned_buffer
+
+KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "split", "http",
+         "uvicorn")
+#: The kinds that serve over TLS with --tls.
+TLS_KINDS = ("echo-protocol", "http")
+
+
+class EchoProtocol(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class EchoBufferedProtocol(asyncio.BufferedProtocol):
+    def __init__(self) -> None:
+        # Page-aligned (floors.aligned_buffer says why), as the loops' own.
+        self.view = aligned_buffer()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # bytes(): the buffer is reused by the next read; a loop may keep
+        # what write() could not send, so hand it an immutable copy.
+        self.transport.write(bytes(self.view[:nbytes]))
+
+
+async def echo_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(READ_SIZE):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+class PipeProtocol(asyncio.Protocol):
+    """Echo that stops reading while its peer does not read (socket.pipe(socket))."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+
+class PiecesProtocol(asyncio.Protocol):
+    """Answers every complete request with many small writes in one callback."""
+
+    def __init__(self, request: int, pieces: int, piece: int) -> None:
+        self.request = request
+        self.pieces = pieces
+        self.chunk = b"p" * piece
+        self.pending = 0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.pending += len(data)
+        while self.pending >= self.request:
+            self.pending -= self.request
+            write = self.transport.write
+            for _ in range(self.pieces):
+                write(self.chunk)
+
+
+class SplitProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive, every request answered with the same response:
+    in one write for ``GET /one``, in two (head, body) for ``GET /two``.
+
+    The requests are wrk's (or the built-in client's) GETs without a body;
+    a request is complete at its blank line.
+    """
+
+    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 13\r\n\r\n")
+    BODY = b"Hello, world!"
+    WHOLE = HEAD + BODY
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data if self.buffer else data
+        write = self.transport.write
+        while (end := buffer.find(b"\r\n\r\n")) >= 0:
+            if buffer.startswith(b"GET /two "):
+                write(self.HEAD)
+                write(self.BODY)
+            else:
+                write(self.WHOLE)
+            buffer = buffer[end + 4:]
+        self.buffer = buffer
+
+
+def http_app() -> Any:
+    from aiohttp import web
+
+    four_kib = b"x" * 4096
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(body=b"")
+
+    async def four_k(request: web.Request) -> web.Response:
+        return web.Response(body=four_kib)
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    app.router.add_get("/4k", four_k)
+    return app
+
+
+async def serve(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    stop = loop.create_future()
+    runner = None
+    server: Any
+    context: ssl.SSLContext | None = tls.server_context() if args.tls else None
+    try:
+        if args.kind == "http":
+            from aiohttp import web
+
+            runner = web.AppRunner(http_app(), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024, ssl_context=context)
+            await site.start()
+            server = site._server  # aiohttp exposes no public accessor for the port
+            assert server is not None
+        elif args.kind == "echo-streams":
+            server = await asyncio.start_server(echo_stream, "127.0.0.1", 0, backlog=1024)
+        else:
+            factory: Any = {
+                "echo-protocol": EchoProtocol,
+                "echo-buffered": EchoBufferedProtocol,
+                "pipe": PipeProtocol,
+                "pieces": lambda: PiecesProtocol(args.request, args.pieces, args.piece),
+                "split": SplitProtocol,
+            }[args.kind]
+            server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1024,
+                                              ssl=context)
+    except (NotImplementedError, TypeError) as exc:
+        if context is None:
+            raise
+        # A peer without TLS servers: noted by the runner, never faked.
+        unsupported(f"{type(loop).__module__}.{type(loop).__qualname__}: create_server"
+                    f"(ssl=) raised {type(exc).__name__}: {exc}")
+        return
+    listening(server.sockets[0].getsockname()[1],
+              f"{type(loop).__module__}.{type(loop).__qualname__}", checkout.relaxed_package())
+    control(loop, lambda: finish(stop))
+    await stop
+    if runner is not None:
+        await runner.cleanup()
+    else:
+        server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one benchmark server (driven by the runner)")
+    parser.add_argument("--kind", choices=KINDS, required=True)
+    parser.add_argument("--loop", choices=tuple(loops.SPECS), required=True)
+    parser.add_argument("--request", type=int, default=64, help="pieces: request size, bytes")
+    parser.add_argument("--pieces", type=int, default=16, help="pieces: writes per request")
+    parser.add_argument("--piece", type=int, default=64, help="pieces: bytes per write")
+    parser.add_argument("--tls", action="store_true",
+                        help=f"over TLS 1.3 ({', '.join(TLS_KINDS)})")
+    args = parser.parse_args()
+    if args.tls and args.kind not in TLS_KINDS:
+        parser.error(f"--tls serves --kind {' or '.join(TLS_KINDS)} only")
+    raise_fd_limit()
+    if args.kind == "uvicorn":  # uvicorn makes the loop itself, from its --loop option
+        asgi.serve(args.loop)
+        return
+    spec = loops.SPECS[args.loop]
+    if spec.kind == "floor":
+        kind = args.kind + ("+tls" if args.tls else "")
+        if kind not in spec.serves:
+            parser.error(f"--loop {args.loop} serves {', '.join(spec.serves)} only")
+        floors.serve(args.loop)
+        return
+    loop = loops.factory(args.loop)()
+    try:
+        loop.run_until_complete(serve(args))
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()
