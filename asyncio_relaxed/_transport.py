@@ -434,10 +434,11 @@ class SocketTransport(TransportBase):
             # 3.11's stock is WriteTransport.writelines: it joins the chunks
             # (the join's TypeError comes first), then calls write().
             chunks = list(list_of_data)
-            for index, data in enumerate(chunks):
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"sequence item {index}: expected a bytes-like object, "
-                                    f"{type(data).__name__} found")
+            if not all(isinstance(data, (bytes, bytearray, memoryview)) for data in chunks):
+                # The join's own TypeError, in this interpreter's words (PyPy's
+                # says "expected bytes, str found"); a buffer it takes is
+                # written, as stock writes it.
+                b"".join(chunks)
             if self._eof:
                 raise RuntimeError("Cannot call write() after write_eof()")
             if self._empty_waiter is not None:

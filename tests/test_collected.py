@@ -20,7 +20,7 @@ from typing import Any
 import _collected
 import pytest
 
-from conftest import Recorder, run
+from conftest import REFCOUNTED, Recorder, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +31,16 @@ _STOCK_KEEPS_COUNTING = {
     ("abort_after_write", "create_server"),
     ("paused_mid_read", "create_server"),
 }
+#: On PyPy (8.0.1, its asyncio 3.11's) the start_server ones too: the server's
+#: StreamWriter, whose __del__ closes the transport there (and so detaches
+#: it), was not finalised while the scenario ran, even with three
+#: collections where the scenario makes one (seen by patching its __del__);
+#: on CPython it is.  Our loop's transport detaches itself on both.
+if not REFCOUNTED:
+    _STOCK_KEEPS_COUNTING |= {
+        ("abort_after_write", "start_server"),
+        ("paused_mid_read", "start_server"),
+    }
 
 
 def _check(report: dict[str, Any], loop_name: str, scenario: str, kind: str) -> None:

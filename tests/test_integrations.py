@@ -183,7 +183,8 @@ def request(
 
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
-    """A listening loopback socket on a free port, handed to gunicorn as fd://N.
+    """A listening loopback socket on a free port, handed to gunicorn as fd://N
+    (on CPython: FD_BIND says why not on PyPy).
 
     Bound here, so there is no port to guess and no log line to parse;
     requests made before a worker is up wait in the backlog.
@@ -195,12 +196,36 @@ def listener() -> Iterator[socket.socket]:
         sock.close()
 
 
-def gunicorn_argv(app: str, worker_class: str, fd: int, workers: int, *extra: str) -> list[str]:
+#: gunicorn's ``fd://N`` opens the socket with ``socket.fromfd(N, AF_UNIX)``
+#: and tells TCP from Unix by its address.  CPython decodes that address in
+#: the family the kernel reports, PyPy (8.0.1) in the family it was given, so
+#: there a TCP listener passes for a Unix socket with a garbled path: the
+#: workers' /metrics fails to encode it (500) and the arbiter unlinks it at
+#: shutdown (FileNotFoundError, exit status 1).  On PyPy gunicorn binds a
+#: port of its own and says which.
+FD_BIND = sys.implementation.name == "cpython"
+
+
+def gunicorn_bind(listener: socket.socket) -> tuple[str, list[int]]:
+    """gunicorn's --bind for *listener*, and the fds to pass it."""
+    if FD_BIND:
+        return f"fd://{listener.fileno()}", [listener.fileno()]
+    return "127.0.0.1:0", []
+
+
+def gunicorn_port(server: Server, listener: socket.socket) -> int:
+    """The port gunicorn serves (see FD_BIND)."""
+    if FD_BIND:
+        return int(listener.getsockname()[1])
+    return int(server.wait_for(r"Listening at: http://127\.0\.0\.1:(\d+) ").group(1))
+
+
+def gunicorn_argv(app: str, worker_class: str, bind: str, workers: int, *extra: str) -> list[str]:
     argv = [
         sys.executable, "-m", "gunicorn", app,
         "--worker-class", worker_class,
         "--workers", str(workers),
-        "--bind", f"fd://{fd}",
+        "--bind", bind,
         "--graceful-timeout", "5",
         "--timeout", "30",
     ]  # fmt: skip
@@ -216,16 +241,17 @@ def gunicorn_argv(app: str, worker_class: str, fd: int, workers: int, *extra: st
 def test_gunicorn_aiohttp_worker_serves_on_relaxed_loop(listener: socket.socket) -> None:
     pytest.importorskip("gunicorn", reason="gunicorn is not installed")
     pytest.importorskip("aiohttp", reason="aiohttp is not installed")
-    port = listener.getsockname()[1]
+    bind, fds = gunicorn_bind(listener)
     argv = gunicorn_argv(
         "examples.http_server:create_app",
         "asyncio_relaxed.gunicorn.GunicornWebWorker",
-        listener.fileno(),
+        bind,
         2,
     )
     # Settings in the environment gunicorn starts with, read by each worker.
     env = child_env(ASYNCIO_RELAXED_WRITE="deferred")
-    with Server(argv, env, pass_fds=[listener.fileno()]) as server:
+    with Server(argv, env, pass_fds=fds) as server:
+        port = gunicorn_port(server, listener)
         hello = request(port, "/")
         assert hello.status == 200, server.describe()
         assert hello.body == b"Hello, world!\n"
@@ -256,17 +282,18 @@ def test_gunicorn_uvicorn_worker_serves_on_relaxed_loop(listener: socket.socket)
     pytest.importorskip("uvicorn", reason="uvicorn is not installed")
     if version_of("uvicorn") < (0, 36):
         pytest.skip("UvicornWorker needs uvicorn >= 0.36 (loop factories as module:function)")
-    port = listener.getsockname()[1]
+    bind, fds = gunicorn_bind(listener)
     argv = gunicorn_argv(
         "tests._asgi_app:app",
         "asyncio_relaxed.gunicorn.UvicornWorker",
-        listener.fileno(),
+        bind,
         2,
         # Settings through gunicorn's raw_env this time.
         "-e", "ASYNCIO_RELAXED_WRITE=deferred",
         "-e", "ASYNCIO_RELAXED_PARTIAL_WRITE=feed",
     )  # fmt: skip
-    with Server(argv, child_env(), pass_fds=[listener.fileno()]) as server:
+    with Server(argv, child_env(), pass_fds=fds) as server:
+        port = gunicorn_port(server, listener)
         for _ in range(4):
             response = request(port, "/")
             assert response.status == 200, server.describe()
@@ -298,11 +325,12 @@ def test_gunicorn_stops_on_a_bad_setting(
     pytest.importorskip(peer, reason=f"{peer} is not installed")
     if peer == "uvicorn" and version_of("uvicorn") < (0, 36):
         pytest.skip("UvicornWorker needs uvicorn >= 0.36")
+    bind, fds = gunicorn_bind(listener)
     argv = gunicorn_argv(
-        app, f"asyncio_relaxed.gunicorn.{worker_class}", listener.fileno(), 1,
+        app, f"asyncio_relaxed.gunicorn.{worker_class}", bind, 1,
         "-e", "ASYNCIO_RELAXED_WRITE=bogus",
     )  # fmt: skip
-    with Server(argv, child_env(), pass_fds=[listener.fileno()]) as server:
+    with Server(argv, child_env(), pass_fds=fds) as server:
         status = server.wait(20)
         assert status != 0, server.describe()
         assert "ASYNCIO_RELAXED_WRITE='bogus' is not a valid setting" in server.output

@@ -18,12 +18,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
-import tracemalloc
 
 import pytest
 
 import asyncio_relaxed
 from conftest import run
+
+try:
+    import tracemalloc
+except ImportError as exc:  # PyPy: the module is in its stdlib, its _tracemalloc is not
+    pytest.skip(f"tracemalloc hooks CPython's allocators; {exc}", allow_module_level=True)
 
 CONNECTIONS = 200
 

@@ -5,7 +5,7 @@ instructions per request); this splits the Python part of it by function.
 It runs the same in-process workload (:mod:`benchmarks.counts.driver`: the
 1 KiB echo over socket pairs, the same over TLS, or the aiohttp hello) and
 counts, with
-``sys.monitoring``'s INSTRUCTION events (Python 3.12+), the bytecodes each
+``sys.monitoring``'s INSTRUCTION events (CPython 3.12+), the bytecodes each
 function executes during the measured rounds, after the same warm-up.  The
 counts are exact and repeat from run to run: they move only when the code
 does.  A bytecode is not a fixed cost (a call or an attribute store costs
@@ -52,7 +52,7 @@ def count(loop_name: str, size: int | str, rounds: int) -> dict[str, Any]:
     rounds: {"requests": n, "functions": {name: [group, bytecodes]}}."""
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is None:
-        raise RuntimeError("bytecode counts need sys.monitoring (Python 3.12+)")
+        raise RuntimeError("bytecode counts need sys.monitoring (CPython 3.12+)")
     tool = monitoring.PROFILER_ID
     monitoring.use_tool_id(tool, "benchmarks.bytecodes")
     counts: collections.Counter[CodeType] = collections.Counter()
@@ -118,7 +118,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     """Count each loop (one at a time, in this process's children), print the
     tables, and write the JSON and Markdown to *folder*.  2 before 3.12."""
     if not hasattr(sys, "monitoring"):
-        print("bytecode counts need sys.monitoring (Python 3.12+); nothing counted",
+        print("bytecode counts need sys.monitoring (CPython 3.12+); nothing counted",
               file=sys.stderr)
         return 2
     names = []

@@ -55,7 +55,8 @@ Run::
         [--sizes 1024,102400,http,tls,life] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
-command says so and exits.  A child run (``--child``) is what valgrind runs.
+command says so and exits, as it does on any Python but CPython (see run()).
+A child run (``--child``) is what valgrind runs.
 """
 
 from __future__ import annotations
@@ -192,10 +193,19 @@ def child_main(loop_name: str, size: str, rounds: str) -> None:
 def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path | None,
         jobs: int, folder: Path, command: Sequence[str]) -> int:
     """Count *loop_names* (the floor too) at *sizes*; write the JSON and the
-    Markdown table to *folder* and print the table.  2 without valgrind."""
+    Markdown table to *folder* and print the table.  2 without valgrind, or
+    on a Python that is not CPython."""
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind); nothing counted",
               file=sys.stderr)
+        return 2
+    if sys.implementation.name != "cpython":
+        # What the figures mean (instructions of the interpreter per request,
+        # against the floor's) holds for CPython's interpreter only: PyPy runs
+        # machine code its JIT wrote during the run, so a count would be
+        # mostly the JIT's tracing and compiling, not the loop's work.
+        print(f"instruction counts are of CPython's interpreter, not "
+              f"{sys.implementation.name}'s JIT; nothing counted", file=sys.stderr)
         return 2
     sizes = list(sizes)
     if HTTP in sizes and importlib.util.find_spec("aiohttp") is None:

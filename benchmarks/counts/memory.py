@@ -20,7 +20,8 @@ connection keeps: the SSL object, its BIOs and buffers (OpenSSL's own
 allocations are C, outside Python's allocator, and not traced: the
 ``idle-*``-style RSS figure would add them).
 
-Run::
+tracemalloc is CPython's (PyPy has no ``_tracemalloc``): elsewhere the
+command says so and counts nothing.  Run::
 
     python -m benchmarks memory [--loops asyncio,relaxed-eager] [--connections 400] [--tls]
 """
@@ -32,13 +33,15 @@ import gc
 import json
 import sys
 import time
-import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.counts.sites import group
 from benchmarks.harness import loops, processes, results, tables, tls
+
+if TYPE_CHECKING:
+    import tracemalloc
 
 DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager")
 CONNECTIONS = 400
@@ -89,6 +92,8 @@ def _site(frame: tracemalloc.Frame) -> str:
 def child(loop_name: str, connections: int, over_tls: bool = False) -> dict[str, Any]:
     """Serve *connections* idle connections on *loop_name*; the traced growth
     per connection by site: {"connections": n, "sites": {site: [group, bytes]}}."""
+    import tracemalloc  # CPython's: see run()
+
     loop = loops.factory(loop_name)()
     context = tls.server_context() if over_tls else None
     server = loop.run_until_complete(loop.create_server(Idle, "127.0.0.1", 0, ssl=context))
@@ -143,6 +148,17 @@ def child(loop_name: str, connections: int, over_tls: bool = False) -> dict[str,
     return {"connections": connections, "tls": over_tls, "sites": sites}
 
 
+def untraceable() -> str | None:
+    """Why tracemalloc cannot trace here, or None: it hooks CPython's
+    allocators, and PyPy's stdlib has the module without its ``_tracemalloc``."""
+    try:
+        import tracemalloc  # noqa: F401
+    except ImportError as exc:
+        return (f"memory counts need tracemalloc, which {sys.implementation.name} "
+                f"does not have ({exc}): CPython only")
+    return None
+
+
 def per_connection(counted: dict[str, Any]) -> dict[str, tuple[str, float]]:
     n = counted["connections"]
     return {site: (where, size / n) for site, (where, size) in counted["sites"].items()}
@@ -170,7 +186,12 @@ def count_tables(result: dict[str, dict[str, tuple[str, float]]], top: int
 
 def run(loop_names: Sequence[str], *, connections: int, top: int, folder: Path,
         command: Sequence[str], over_tls: bool = False) -> int:
-    """Trace each loop in its own process; print and save the tables."""
+    """Trace each loop in its own process; print and save the tables.  2
+    where tracemalloc cannot trace (PyPy)."""
+    why = untraceable()
+    if why:
+        print(f"{why}; nothing counted", file=sys.stderr)
+        return 2
     names = []
     for name in loop_names or DEFAULT_LOOPS:
         why = loops.missing(name)

@@ -1,5 +1,7 @@
 """Compare CPython's asyncio test suite on the stock loop vs asyncio_relaxed.Loop.
 
+On PyPy the suite is PyPy's own test.test_asyncio on PyPy's stock loop.
+
     python -m tests.conformance.runner [--python PATH ...]
         [--modes stock,eager,deferred] [--modules test_events ...] [--jobs 2]
         [--timeout 600] [--test-timeout 60] [--json out.json] [--logdir DIR]
@@ -52,17 +54,18 @@ Key = tuple[str, str, str]  # (python path, module, mode)
 
 
 def probe(python: str) -> tuple[str | None, list[str]]:
-    """Return (version, modules present) or (None, [reason])."""
-    code = ("import os,platform,test.test_asyncio as t;"
-            "print(platform.python_version());print(*os.listdir(os.path.dirname(t.__file__)))")
+    """Return (label, modules present) or (None, [reason]); the label is the
+    version, after the implementation's name where that is not CPython."""
     try:
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([python, SWAP, "--probe"], capture_output=True, text=True,
+                           timeout=60)
     except OSError as exc:
         return None, [str(exc)]
     if p.returncode:
         return None, [(p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]]
-    version, files = p.stdout.splitlines()[:2]
-    return version, [f[:-3] for f in files.split() if f.endswith(".py")]
+    version, implementation, modules = p.stdout.splitlines()[:3]
+    label = version if implementation == "CPython" else f"{implementation}-{version}"
+    return label, modules.split()
 
 
 def run_one(python: str, module: str, mode: str, timeout: float, test_timeout: float,
@@ -197,7 +200,8 @@ def main() -> int:
     def cell(r: dict) -> str:
         return ("ERR" if r.get("error") else "{}/{}/{}".format(*outcome(r))) + f" {r['wall']:.0f}s"
 
-    hdr = f"{'python':8} {'module':20} " + " ".join(f"{m + ' p/s/f':>20}" for m in modes)
+    width = max([8, *map(len, versions.values())])
+    hdr = f"{'python':{width}} {'module':20} " + " ".join(f"{m + ' p/s/f':>20}" for m in modes)
     print("\n" + hdr + f" {'loops':>11}  diff\n" + "-" * (len(hdr) + 18))
     for py, version in versions.items():
         for mod in (m for m in a.modules if (py, m, modes[0]) in res):
@@ -210,7 +214,8 @@ def main() -> int:
                 if mode == "stock" or r.get("error"):
                     continue
                 # Zero loops means the swap missed this module's loop construction path.
-                if not r["loops_created"] and (version.rsplit(".", 1)[0], mod) not in ZERO_LOOPS_OK:
+                minor = version.rsplit("-", 1)[-1].rsplit(".", 1)[0]
+                if not r["loops_created"] and (minor, mod) not in ZERO_LOOPS_OK:
                     ok = False
                     marks.append(f"{mode}:0 loops")
                 if r.get("write_seen", [mode]) not in ([], [mode]):
@@ -241,7 +246,7 @@ def main() -> int:
                     elif not allowed:
                         marks.append(f"{mode}:flaky-only")
             loops = "/".join(str(r.get("loops_created")) for m, r in row.items() if m != "stock")
-            print(f"{version:8} {mod:20} " + " ".join(f"{cell(r):>20}" for r in row.values())
+            print(f"{version:{width}} {mod:20} " + " ".join(f"{cell(r):>20}" for r in row.values())
                   + f" {loops or '-':>11}  {' '.join(marks)}")
     print(f"\ntotal wall {time.monotonic() - t0:.0f}s")
     for mode, name in sorted(expected):

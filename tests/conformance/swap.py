@@ -3,6 +3,10 @@
     python tests/conformance/swap.py test_events --mode relaxed   # or: -m tests.conformance.swap
     python tests/conformance/swap.py test_tasks --mode stock --tests ID [ID ...]
     python tests/conformance/swap.py test_events --mode relaxed --after ID   # the rest
+    python tests/conformance/swap.py --probe   # version, implementation, modules present
+
+On PyPy the suite is PyPy's own (its stdlib is CPython's, with PyPy's changes);
+``pypy/`` goes first on sys.path there (see its ``_testcapi.py``).
 
 A watchdog ends the process when one test runs longer than ``--test-timeout``
 seconds: it dumps every thread's traceback to stderr and prints a summary of
@@ -29,6 +33,8 @@ import unittest
 from collections.abc import Iterator
 
 MARKER = "CONFORMANCE_RESULT "
+#: First on sys.path on PyPy only: a _testcapi that raises ImportError.
+PYPY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pypy")
 loops_created = 0
 write_seen: set[str] = set()  # write modes the created loops report, proves the env var landed
 
@@ -71,6 +77,24 @@ def install_swap() -> type:
     loops_created = 0
     write_seen.clear()
     return CountingLoop
+
+
+def import_test_package() -> str:
+    """Import ``test.test_asyncio`` (on PyPy with PYPY_PATH first); its folder."""
+    if sys.implementation.name == "pypy":
+        sys.path.insert(0, PYPY_PATH)
+    import test.test_asyncio as package
+
+    return os.path.dirname(package.__file__)
+
+
+def probe() -> None:
+    """``--probe``: the version, the implementation and the modules present,
+    one line each (runner.probe); fails as the import fails."""
+    folder = import_test_package()
+    print(platform.python_version())
+    print(platform.python_implementation())
+    print(*sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py")))
 
 
 def test_name(test: unittest.TestCase) -> str:
@@ -158,7 +182,9 @@ def main() -> int:
     # on stock and ours alike.  Python's own default, whatever started us.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser()
-    ap.add_argument("module", help="e.g. test_events (package test.test_asyncio is implied)")
+    ap.add_argument("module", nargs="?",
+                    help="e.g. test_events (package test.test_asyncio is implied)")
+    ap.add_argument("--probe", action="store_true", help="print what runner.probe reads")
     ap.add_argument("--mode", choices=("stock", "relaxed"), default="stock")
     ap.add_argument("--tests", nargs="*", help="full test ids to run instead of the module")
     ap.add_argument("--after", help="run only the module's tests after this test id")
@@ -167,6 +193,11 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=0,
                     help="dump tracebacks and exit after this many seconds (hang diagnosis)")
     args = ap.parse_args()
+    if args.probe:
+        probe()
+        return 0
+    if not args.module:
+        ap.error("a module, or --probe")
     if args.timeout > 0:
         faulthandler.dump_traceback_later(args.timeout, exit=True)
 
@@ -183,6 +214,7 @@ def main() -> int:
             print(MARKER + json.dumps(summary), flush=True)
             return 2
 
+    import_test_package()
     name = f"test.test_asyncio.{args.module}"
     loader = unittest.TestLoader()
     suite = loader.loadTestsFromNames(args.tests) if args.tests else loader.loadTestsFromName(name)
