@@ -216,7 +216,7 @@ class Config:
         ),
     )
     tls: TlsMode = _field(
-        TlsMode.STOCK,
+        TlsMode.OWN,
         unit="mode",
         why=(
             "own carries TLS in one transport per connection (socket, "

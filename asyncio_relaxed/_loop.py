@@ -34,7 +34,7 @@ from ._poller import MISSING, DeferredSelector, default_backend
 from ._serving import Serving
 from ._shared import TransportShared
 from ._stats import Counters, LoopStatistics
-from ._tls import TLSTransport
+from ._tls import SSLTransport
 from ._transport import SocketTransport
 
 __all__ = ["Loop"]
@@ -297,7 +297,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if _compat.PY314:
             self._ensure_fd_no_transport(rawsock)
         if self._shared.config.tls is TlsMode.OWN and type(rawsock) is socket.socket:
-            return TLSTransport(self, rawsock, protocol, sslcontext, waiter, server_side,
+            return SSLTransport(self, rawsock, protocol, sslcontext, waiter, server_side,
                                 server_hostname, extra, server, shared=self._shared,
                                 context=context, **timeouts)
         ssl_protocol = _compat.SSLProtocol(

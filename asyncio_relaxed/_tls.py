@@ -13,7 +13,8 @@ the socket's transport.write, each hop with its own flow control, and each
 connection holds a 256 KiB receive buffer of its own besides the fresh
 256 KiB ``bytes`` each copied read allocates.
 
-:class:`TLSTransport` is all three: a :class:`~asyncio_relaxed._transport.SocketTransport`
+:class:`SSLTransport` (named as stock's transports are: code and tests look
+for "ssl" in the class name) is all three: a :class:`~asyncio_relaxed._transport.SocketTransport`
 that owns the SSLObject and its BIOs and runs stock's state machine
 (``sslproto.SSLProtocol``'s, ported method by method, so its states, timeouts,
 error types and texts are stock's on every Python version):
@@ -67,7 +68,7 @@ from . import _compat
 from ._shared import TransportShared
 from ._transport import SocketTransport
 
-__all__ = ["TLSTransport"]
+__all__ = ["SSLTransport"]
 
 _State = _compat.SSLProtocolState
 _UNWRAPPED = _State.UNWRAPPED
@@ -94,7 +95,7 @@ _OUT_HIGH, _OUT_LOW = _compat.flow_control_defaults(None, None,
                                                     _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
 
 
-class TLSTransport(SocketTransport):
+class SSLTransport(SocketTransport):
     """A TLS connection over a non-blocking socket: the socket's transport,
     stock's SSLProtocol and the application's transport in one object."""
 
@@ -212,9 +213,15 @@ class TLSTransport(SocketTransport):
     # -- the application's transport ----------------------------------------
 
     @property
-    def _ssl_protocol(self) -> TLSTransport:
+    def _ssl_protocol(self) -> SSLTransport:
         """Stock's app transport's SSLProtocol: here, this object."""
         return self
+
+    @property
+    def _transport(self) -> SSLTransport | None:
+        """Stock's SSLProtocol's socket transport: this object too, until the
+        connection is lost (stock's is cleared then)."""
+        return self if self._sock is not None else None
 
     def set_protocol(self, protocol: Any) -> None:
         self._protocol = protocol

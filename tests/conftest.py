@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import socket
+import ssl
+import subprocess
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -168,6 +171,46 @@ def loop(loop_name: str, loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEv
     loop_errors.check()
 
 
+#: The TLS tests' loops: every loop of the suite, ours with each ``tls``
+#: setting (its own TLS transport, stock's SSLProtocol over its transport).
+TLS_LOOP_NAMES = [f"{name}-tls-{tls}" if name in RELAXED_SETTINGS else name
+                  for name in LOOP_FACTORIES
+                  for tls in (("own", "stock") if name in RELAXED_SETTINGS else ("",))]
+
+
+@pytest.fixture(params=TLS_LOOP_NAMES)
+def tls_loop_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    base = name.split("-tls-")[0]
+    why = missing(base)
+    if why:
+        pytest.skip(why)
+    return name
+
+
+@pytest.fixture
+def tls_loop(tls_loop_name: str, loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEventLoop]:
+    """A loop of TLS_LOOP_NAMES, as the ``loop`` fixture makes its own."""
+    base, _, tls = tls_loop_name.partition("-tls-")
+    if tls:
+        loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(**RELAXED_SETTINGS[base], tls=tls)
+    else:
+        factory = LOOP_FACTORIES[base]
+        assert factory is not None
+        loop = factory()
+    loop.set_exception_handler(loop_errors.handler)
+    asyncio.set_event_loop(loop)
+    try:
+        yield loop
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    loop_errors.check()
+
+
 @pytest.fixture(params=list(RELAXED_SETTINGS))
 def relaxed_loop(
     request: pytest.FixtureRequest, loop_errors: LoopErrors
@@ -222,3 +265,67 @@ def stalled_pair(sndbuf: int = 4096) -> tuple[socket.socket, socket.socket]:
     a.setblocking(False)
     b.setblocking(False)
     return a, b
+
+
+class TlsFiles:
+    """PEM files for the TLS tests: the server's certificate chain and key
+    (for localhost and 127.0.0.1), a client's, and the CA that trusts both."""
+
+    def __init__(self, server: Any, client: Any, ca: Any, expired: Any = None) -> None:
+        self.server, self.client, self.ca, self.expired = server, client, ca, expired
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.server)
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        return context
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """From trustme (a CA, certificates it issued, one of them expired)
+    where it installs; else from the openssl command, one self-signed
+    certificate that serves as CA, server and client certificate: on PyPy,
+    where trustme's cryptography has no wheel for PyPy's ABI (pyproject.toml's
+    test extra)."""
+    folder = tmp_path_factory.mktemp("tls")
+    try:
+        import trustme
+    except ImportError:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            pytest.skip("needs trustme or the openssl command, and neither is here")
+        cert, key = folder / "cert.pem", folder / "key.pem"
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        both = folder / "both.pem"
+        both.write_bytes(key.read_bytes() + cert.read_bytes())
+        return TlsFiles(both, both, cert)
+    import datetime
+
+    ca = trustme.CA()
+    files = {}
+    for name, cert in (
+        ("server", ca.issue_cert("localhost", "127.0.0.1")),
+        ("client", ca.issue_cert("client@example.com")),
+        ("expired", ca.issue_cert("localhost", "127.0.0.1",
+                                  not_after=datetime.datetime(2000, 1, 1))),
+    ):
+        path = folder / f"{name}.pem"
+        cert.private_key_and_cert_chain_pem.write_to_path(str(path))
+        files[name] = path
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    return TlsFiles(files["server"], files["client"], folder / "ca.pem", files["expired"])
+
+
+@pytest.fixture(scope="session")
+def tls(tls_files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts: a certificate for localhost and its trust."""
+    return tls_files.server_context(), tls_files.client_context()

@@ -42,7 +42,7 @@ DEFAULTS = {
     "poller": Poller.AUTO,
     "time_metrics": True,
     "slow_callback": 0.0,
-    "tls": TlsMode.STOCK,
+    "tls": TlsMode.OWN,
     "read_size": 256 * 1024,
 }
 
@@ -79,7 +79,7 @@ NON_DEFAULT = {
     "poller": ("select", Poller.SELECT),
     "time_metrics": ("off", False),
     "slow_callback": ("0.25", 0.25),
-    "tls": ("own", TlsMode.OWN),
+    "tls": ("stock", TlsMode.STOCK),
     "read_size": ("2048", 2048),
 }
 

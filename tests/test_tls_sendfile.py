@@ -3,48 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import subprocess
 from typing import Any
 
 import pytest
 
 from conftest import run
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(server, client) contexts: a certificate for localhost and its trust.
-
-    From trustme (a CA and a certificate it issued) where it installs; else
-    from the openssl command, one self-signed certificate that the client
-    trusts: on PyPy, where trustme's cryptography has no wheel for PyPy's ABI
-    (pyproject.toml's test extra).
-    """
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    client = ssl.create_default_context()
-    try:
-        import trustme
-    except ImportError:
-        openssl = shutil.which("openssl")
-        if openssl is None:
-            pytest.skip("needs trustme or the openssl command, and neither is here")
-        folder = tmp_path_factory.mktemp("tls")
-        cert, key = folder / "cert.pem", folder / "key.pem"
-        subprocess.run(
-            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-             "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
-             "-addext", "subjectAltName=DNS:localhost"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-        server.load_cert_chain(cert, key)
-        client.load_verify_locations(cert)
-    else:
-        ca = trustme.CA()
-        ca.issue_cert("localhost").configure_cert(server)
-        ca.configure_trust(client)
-    return server, client
 
 
 def relaxed_recv_count(loop: asyncio.AbstractEventLoop) -> int | None:
