@@ -532,11 +532,15 @@ class SSLTransport(SocketTransport):
     def _process_outgoing(self) -> None:
         """The records the SSLObject made, to the socket (unless the socket's
         buffer paused the TLS layer: they wait in the outgoing BIO)."""
+        outgoing = self._outgoing
         if not self._ssl_writing_paused:
-            records = self._outgoing.read()
+            records = outgoing.read()
             if records:
                 SocketTransport.write(self, records)
-        self._control_app_writing()
+        # _control_app_writing, called only where it can have work: paused,
+        # or at the high-water mark.
+        if self._protocol_paused or outgoing.pending + self._backlog_size >= self._app_high:
+            self._control_app_writing()
 
     def _control_app_writing(self) -> None:
         size = self.get_write_buffer_size()
@@ -710,9 +714,12 @@ class SSLTransport(SocketTransport):
                     self._do_read__copied()
                 if self._backlog:
                     self._do_write()
-                else:
+                elif self._outgoing.pending or self._protocol_paused:
+                    # Records the read made (a session ticket, a key update),
+                    # or a paused writer to look at: else nothing changed.
                     self._process_outgoing()
-            self._control_ssl_reading()
+            if self._ssl_reading_paused or self._incoming.pending >= self._in_high:
+                self._control_ssl_reading()
         except Exception as exc:
             self._tls_fatal(exc, "Fatal error on SSL protocol")
 
@@ -746,10 +753,15 @@ class SSLTransport(SocketTransport):
     def _do_read__copied(self) -> None:
         """Everything the incoming BIO decrypts to, in one data_received (as
         stock's): read into the loop's buffer and copied out at its size,
-        where stock allocates a 256 KiB ``bytes`` per record."""
+        where stock allocates a 256 KiB ``bytes`` per record.  The reads
+        stop when neither the BIO nor OpenSSL holds more, instead of at the
+        SSLWantReadError a further read would raise (an exception per
+        request, which stock pays); a partial record in the BIO still ends
+        in one."""
         view = self._shared.read_view
         size = len(view)
         read = self._sslobj.read
+        incoming = self._incoming
         offset = 0
         count = 1
         chunks: list[bytes] | None = None
@@ -764,6 +776,8 @@ class SSLTransport(SocketTransport):
                         chunks = []
                     chunks.append(view.tobytes())
                     offset = 0
+                if not incoming.pending and not self._sslobj.pending():
+                    break
         except _SSL_AGAIN:
             pass
         if chunks is not None:

@@ -1008,7 +1008,7 @@ def test_bytecodes_child_counts_the_same_twice(loop_name: str) -> None:
 @pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is CPython 3.12+'s")
 def test_bytecodes_child_counts_the_tls_echo(tls_dir: Path) -> None:
     """Over TLS the floor's bytecodes are its own function's; our loop runs
-    stock's SSLProtocol (today) and its own transport below it."""
+    its own TLS transport, and stock's SSLProtocol under tls=stock."""
     def counted(loop_name: str) -> dict[str, Any]:
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, "tls", "5"],
@@ -1018,10 +1018,13 @@ def test_bytecodes_child_counts_the_tls_echo(tls_dir: Path) -> None:
 
     floor = counted("floor")
     assert floor["driver:floor_tls"][0] == "floor" and "driver:floor" not in floor
-    ours = counted("relaxed-eager")
-    assert ours["_transport:SocketTransport.write"][0] == "asyncio_relaxed"
+    ours = counted("relaxed-tls-own")
+    assert ours["_tls:SSLTransport.write"][0] == "asyncio_relaxed"
+    assert not any(fn.startswith("sslproto:") for fn in ours)
+    stocks = counted("relaxed-tls-stock")
+    assert stocks["_transport:SocketTransport.write"][0] == "asyncio_relaxed"
     assert any(where == "asyncio" and fn.startswith("sslproto:")
-               for fn, (where, _) in ours.items())
+               for fn, (where, _) in stocks.items())
 
 
 @pytest.mark.skipif(hasattr(sys, "monitoring"), reason="sys.monitoring is there")
