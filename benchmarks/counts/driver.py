@@ -424,9 +424,13 @@ def floor_tls(served: list[socket.socket], driver: Driver) -> None:
             sock, obj, incoming, outgoing = by_fd[fd]
             incoming.write(cipher[:sock.recv_into(cipher)])
             try:
+                # Until neither the BIO nor OpenSSL holds more: the read
+                # that would raise SSLWantReadError costs more than the rest.
                 while n := obj.read(_PLAIN_SIZE, plain):
                     obj.write(plain[:n])
                     done = driver.echoed(n) or done
+                    if not incoming.pending and not obj.pending():
+                        break
             except ssl.SSLWantReadError:
                 pass
             sock.send(outgoing.read())  # a short send never happens at this size

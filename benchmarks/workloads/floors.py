@@ -197,19 +197,24 @@ class BioFloor(_BytesFloor):
         try:
             # 0: the peer's close_notify (CPython returns no data for it
             # rather than raising SSLZeroReturnError): answer with ours.
+            # The reads stop when neither the BIO nor OpenSSL holds more:
+            # the read that would raise SSLWantReadError costs more than
+            # the rest of the echo.
             while m := obj.read(READ_SIZE, self.plain):
                 obj.write(self.plain[:m])
+                if not incoming.pending and not obj.pending():
+                    break
         except ssl.SSLWantReadError:
-            pass  # everything received is read (or the handshake wants more)
-        else:
-            try:
-                obj.unwrap()
-            except ssl.SSLError:
-                pass
+            m = 1  # everything received is read (or the handshake wants more)
+        if m:
             self.flush(fd, sock, outgoing)
-            self.close(fd)
             return
+        try:
+            obj.unwrap()
+        except ssl.SSLError:
+            pass
         self.flush(fd, sock, outgoing)
+        self.close(fd)
 
     def flush(self, fd: int, sock: socket.socket, outgoing: ssl.MemoryBIO) -> None:
         if outgoing.pending:
