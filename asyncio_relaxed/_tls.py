@@ -327,7 +327,14 @@ class SSLTransport(SocketTransport):
             if written < len(data):
                 self._backlog = [memoryview(data)[written:]]
                 self._backlog_size = len(data) - written
-            self._process_outgoing()
+            # _process_outgoing, written out: once per write.
+            outgoing = self._outgoing
+            if not self._ssl_writing_paused:
+                records = outgoing.read()
+                if records:
+                    SocketTransport.write(self, records)
+            if self._protocol_paused or outgoing.pending + self._backlog_size >= self._app_high:
+                self._control_app_writing()
             return
         self._write_appdata((data,))
 
@@ -651,7 +658,20 @@ class SSLTransport(SocketTransport):
             self._incoming.write(shared.read_view[:nbytes])
             state = self._state
             if state is _WRAPPED:
-                self._do_read()
+                if self._app_paused or self._app_buffered:
+                    self._do_read()
+                    return
+                # _do_read for a plain Protocol, written out: once per read.
+                try:
+                    self._do_read__copied()
+                    if self._backlog:
+                        self._do_write()
+                    elif self._outgoing.pending or self._protocol_paused:
+                        self._process_outgoing()
+                    if self._ssl_reading_paused or self._incoming.pending >= self._in_high:
+                        self._control_ssl_reading()
+                except Exception as exc:
+                    self._tls_fatal(exc, "Fatal error on SSL protocol")
             elif state is _DO_HANDSHAKE:
                 self._do_handshake()
             elif state is _FLUSHING:
@@ -759,18 +779,28 @@ class SSLTransport(SocketTransport):
         request, which stock pays); a partial record in the BIO still ends
         in one."""
         view = self._shared.read_view
+        read = self._sslobj.read
+        incoming = self._incoming
+        try:
+            count = read(len(view), view)
+        except _SSL_AGAIN:
+            return  # a partial record: the rest comes with the next read
+        if count and not incoming.pending and not self._sslobj.pending():
+            # All there was, in one read: the common case.
+            self._protocol.data_received(view[:count].tobytes())
+            return
+        self._read_more(view, count)
+
+    def _read_more(self, view: Any, count: int) -> None:
+        """_do_read__copied after a first read of *count* bytes into *view*
+        that did not take all: until nothing is left, or the buffer fills."""
         size = len(view)
         read = self._sslobj.read
         incoming = self._incoming
-        offset = 0
-        count = 1
+        offset = count
         chunks: list[bytes] | None = None
         try:
-            while True:
-                count = read(size - offset, view[offset:] if offset else view)
-                if not count:
-                    break
-                offset += count
+            while count:
                 if offset == size:
                     if chunks is None:
                         chunks = []
@@ -778,6 +808,8 @@ class SSLTransport(SocketTransport):
                     offset = 0
                 if not incoming.pending and not self._sslobj.pending():
                     break
+                count = read(size - offset, view[offset:] if offset else view)
+                offset += count
         except _SSL_AGAIN:
             pass
         if chunks is not None:
