@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import ssl
 import sys
 from asyncio import (
     base_events,
@@ -74,6 +75,7 @@ __all__ = [
     "server_detach",
     "set_nodelay",
     "set_result_unless_cancelled",
+    "ssl_object_core",
     "sslproto_logger",
     "transport_logger",
 ]
@@ -124,6 +126,20 @@ FLOW_CONTROL_HIGH_WATER_SSL_READ: int = _constants.FLOW_CONTROL_HIGH_WATER_SSL_R
 FLOW_CONTROL_HIGH_WATER_SSL_WRITE: int = _constants.FLOW_CONTROL_HIGH_WATER_SSL_WRITE
 TLS_ABORT_PASSES_EXC = len(inspect.signature(sslproto.SSLProtocol._abort).parameters) > 1
 TLS_CLOSING_WITH_SOCKET = hasattr(sslproto.SSLProtocol, "_is_transport_closing")
+
+
+def ssl_object_core(sslobj: Any) -> Any:
+    """*sslobj*'s C object, whose read(len, buffer), write(data) and
+    pending() ``ssl.SSLObject``'s methods of those names call with their
+    arguments unchanged (CPython 3.11-3.15, PyPy's ssl module alike); the
+    SSLObject itself where it has none or they are not its plain calls."""
+    core = getattr(sslobj, "_sslobj", None)
+    if core is None or type(sslobj).read is not _SSL_OBJECT_READ:
+        return sslobj
+    return core
+
+
+_SSL_OBJECT_READ = ssl.SSLObject.read
 
 
 def sslproto_logger() -> logging.Logger:

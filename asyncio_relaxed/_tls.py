@@ -122,6 +122,7 @@ class SSLTransport(SocketTransport):
         "_server_side",
         "_shutdown_timeout",
         "_shutdown_timer",
+        "_ssl",
         "_ssl_info",
         "_ssl_lost",
         "_ssl_reading_paused",
@@ -175,6 +176,10 @@ class SSLTransport(SocketTransport):
         self._sslobj = sslcontext.wrap_bio(self._incoming, self._outgoing,
                                            server_side=server_side,
                                            server_hostname=self._server_hostname)
+        # What reads, writes and pending() call per request: the SSLObject's
+        # own C object where there is one (ssl.SSLObject's methods only
+        # pass their arguments on), else the SSLObject.
+        self._ssl = _compat.ssl_object_core(self._sslobj)
         self._handshake_timeout = ssl_handshake_timeout
         self._shutdown_timeout = ssl_shutdown_timeout
         self._handshake_timer: Any = None
@@ -260,7 +265,7 @@ class SSLTransport(SocketTransport):
             # the shutdown: it lets them go once the socket is gone.
             self._drop_ssl = True
             if self._sock is None:
-                self._sslobj = self._sslcontext = None
+                self._sslobj = self._ssl = self._sslcontext = None
 
     def abort(self) -> None:
         self._closed = True
@@ -318,7 +323,7 @@ class SSLTransport(SocketTransport):
             # The common case: encrypted now (the records go to the outgoing
             # BIO, so the caller may reuse a bytearray), then sent.
             try:
-                written = self._sslobj.write(data)
+                written = self._ssl.write(data)
             except _SSL_AGAIN:
                 written = 0
             except Exception as exc:
@@ -524,7 +529,7 @@ class SSLTransport(SocketTransport):
         try:
             while backlog:
                 data = backlog[0]
-                count = self._sslobj.write(data)
+                count = self._ssl.write(data)
                 size = len(data)
                 if count < size:
                     backlog[0] = memoryview(data)[count:]
@@ -748,7 +753,7 @@ class SSLTransport(SocketTransport):
         count = 1
         buf = self._protocol.get_buffer(self.get_read_buffer_size())
         wants = len(buf)
-        read = self._sslobj.read
+        read = self._ssl.read
         try:
             count = read(wants, buf)
             if count > 0:
@@ -779,13 +784,13 @@ class SSLTransport(SocketTransport):
         request, which stock pays); a partial record in the BIO still ends
         in one."""
         view = self._shared.read_view
-        read = self._sslobj.read
+        read = self._ssl.read
         incoming = self._incoming
         try:
             count = read(len(view), view)
         except _SSL_AGAIN:
             return  # a partial record: the rest comes with the next read
-        if count and not incoming.pending and not self._sslobj.pending():
+        if count and not incoming.pending and not self._ssl.pending():
             # All there was, in one read: the common case.
             self._protocol.data_received(view[:count].tobytes())
             return
@@ -795,7 +800,7 @@ class SSLTransport(SocketTransport):
         """_do_read__copied after a first read of *count* bytes into *view*
         that did not take all: until nothing is left, or the buffer fills."""
         size = len(view)
-        read = self._sslobj.read
+        read = self._ssl.read
         incoming = self._incoming
         offset = count
         chunks: list[bytes] | None = None
@@ -806,7 +811,7 @@ class SSLTransport(SocketTransport):
                         chunks = []
                     chunks.append(view.tobytes())
                     offset = 0
-                if not incoming.pending and not self._sslobj.pending():
+                if not incoming.pending and not self._ssl.pending():
                     break
                 count = read(size - offset, view[offset:] if offset else view)
                 offset += count
@@ -871,7 +876,7 @@ class SSLTransport(SocketTransport):
         finally:
             self._socket_lost()
             if self._drop_ssl:
-                self._sslobj = self._sslcontext = None
+                self._sslobj = self._ssl = self._sslcontext = None
 
     def _ssl_connection_lost(self, exc: BaseException | None) -> None:
         if self._backlog:
