@@ -784,13 +784,12 @@ class SSLTransport(SocketTransport):
         request, which stock pays); a partial record in the BIO still ends
         in one."""
         view = self._shared.read_view
-        read = self._ssl.read
-        incoming = self._incoming
+        ssl_core = self._ssl
         try:
-            count = read(len(view), view)
+            count = ssl_core.read(len(view), view)
         except _SSL_AGAIN:
             return  # a partial record: the rest comes with the next read
-        if count and not incoming.pending and not self._ssl.pending():
+        if count and not self._incoming.pending and not ssl_core.pending():
             # All there was, in one read: the common case.
             self._protocol.data_received(view[:count].tobytes())
             return
