@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import selectors
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -64,6 +65,12 @@ _POLLER_SELECT = DeferredSelector.select
 #: time_metrics: a loop that never waits still ends a stretch every 32nd
 #: iteration (see _health).
 _STRETCH_MASK = 31
+
+
+def _plain_socket(sock: Any) -> bool:
+    """A socket the loop's own TLS transport can carry: not one that already
+    speaks TLS (an ssl.SSLSocket)."""
+    return isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)
 
 
 def _serving_arguments(
@@ -296,7 +303,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     ) -> Any:
         if _compat.PY314:
             self._ensure_fd_no_transport(rawsock)
-        if self._shared.config.tls is TlsMode.OWN and type(rawsock) is socket.socket:
+        if self._shared.config.tls is TlsMode.OWN and _plain_socket(rawsock):
             return SSLTransport(self, rawsock, protocol, sslcontext, waiter, server_side,
                                 server_hostname, extra, server, shared=self._shared,
                                 context=context, **timeouts)
