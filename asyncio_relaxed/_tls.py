@@ -671,7 +671,7 @@ class SSLTransport(SocketTransport):
                     self._do_read__copied()
                     if self._backlog:
                         self._do_write()
-                    elif self._outgoing.pending or self._protocol_paused:
+                    elif self._outgoing.pending or self._protocol_paused or self._app_high <= 0:
                         self._process_outgoing()
                     if self._ssl_reading_paused or self._incoming.pending >= self._in_high:
                         self._control_ssl_reading()
@@ -739,9 +739,10 @@ class SSLTransport(SocketTransport):
                     self._do_read__copied()
                 if self._backlog:
                     self._do_write()
-                elif self._outgoing.pending or self._protocol_paused:
+                elif self._outgoing.pending or self._protocol_paused or self._app_high <= 0:
                     # Records the read made (a session ticket, a key update),
-                    # or a paused writer to look at: else nothing changed.
+                    # a paused writer to look at, or a high-water mark of 0
+                    # (an empty buffer is at it): else nothing changed.
                     self._process_outgoing()
             if self._ssl_reading_paused or self._incoming.pending >= self._in_high:
                 self._control_ssl_reading()
@@ -857,9 +858,9 @@ class SSLTransport(SocketTransport):
         if self._sock is not None:
             SocketTransport._force_close(self, exc)
         if isinstance(exc, OSError):
-            if self._loop is not None and self._loop.get_debug():
+            if self._loop.get_debug():
                 _compat.sslproto_logger().debug("%r: %s", self, message, exc_info=True)
-        elif not isinstance(exc, asyncio.CancelledError) and self._loop is not None:
+        elif not isinstance(exc, asyncio.CancelledError):
             self._loop.call_exception_handler({
                 "message": message,
                 "exception": exc,
@@ -869,11 +870,15 @@ class SSLTransport(SocketTransport):
 
     def _call_connection_lost(self, exc: BaseException | None) -> None:
         """The socket's end, then SSLProtocol.connection_lost's steps: the
-        protocol's connection_lost is scheduled, as stock schedules it."""
+        protocol's connection_lost is scheduled, as stock schedules it.  The
+        transport keeps its loop, as stock's SSLProtocol does: a call after
+        the end (set_write_buffer_limits, resume_reading) reports to it."""
+        loop = self._loop
         try:
             self._ssl_connection_lost(exc)
         finally:
             self._socket_lost()
+            self._loop = loop
             if self._drop_ssl:
                 self._sslobj = self._ssl = self._sslcontext = None
 
