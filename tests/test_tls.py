@@ -555,11 +555,14 @@ async def rst_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFile
 
 
 async def key_update_and_renegotiation(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
-    """openssl s_client asks for a TLS 1.3 key update, then (TLS 1.2) a
-    renegotiation, between lines the server echoes."""
+    """openssl s_client asks for a TLS 1.3 key update between two lines,
+    then (TLS 1.2) a renegotiation after one.  OpenSSL 3 refuses a client's
+    renegotiation by default: s_client, answered with a no_renegotiation
+    alert, sends a handshake_failure alert and exits.  Each round waits for
+    its own connection (the previous one's protocol has a transport too)."""
     server, made = await serve(loop, files.server_context())
     outcomes = []
-    for version, command in (("-tls1_3", "K"), ("-tls1_2", "R")):
+    for count, (version, command) in enumerate((("-tls1_3", "K"), ("-tls1_2", "R")), 1):
         proc = await asyncio.create_subprocess_exec(
             shutil.which("openssl") or "openssl", "s_client", version, "-connect",
             "{}:{}".format(*address(server)), "-CAfile", str(files.ca), "-servername",
@@ -567,19 +570,22 @@ async def key_update_and_renegotiation(loop: asyncio.AbstractEventLoop, files: T
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL)
         assert proc.stdin is not None
-        while not made or made[-1].transport is None:
+        while len(made) < count or made[-1].transport is None:
             await asyncio.sleep(0.01)
         proto = made[-1]
         proc.stdin.write(b"one\n")
         await proto.until(4)
         proc.stdin.write(f"{command}\n".encode())
-        await asyncio.sleep(0.1)
-        proc.stdin.write(b"two\n")
-        await proto.until(8)
-        proc.stdin.close()
+        if command == "K":
+            await asyncio.sleep(0.1)
+            proc.stdin.write(b"two\n")
+            await proto.until(8)
+            proc.stdin.close()
         await proc.wait()
         await proto.lost
-        outcomes.append((version, bytes(proto.data), proto.calls))
+        lost = proto.lost.result()
+        outcomes.append((version, bytes(proto.data), proto.calls, type(lost).__name__,
+                         getattr(lost, "reason", None)))
     server.close()
     await server.wait_closed()
     return outcomes
@@ -761,4 +767,62 @@ def test_tls_setting_picks_the_transport(tls: tuple[ssl.SSLContext, ssl.SSLConte
             assert run(loop, kind_of(loop)) == kind
         finally:
             loop.close()
+    loop_errors.check()
+
+
+# -- faults at chosen calls of the TLS connection's socket ------------------------
+
+
+@pytest.mark.parametrize("tls", ["own", "stock"])
+@pytest.mark.parametrize("where", ["recv", "send"])
+@pytest.mark.parametrize("fault", ["EINTR", "EAGAIN", "short", "ECONNRESET"])
+def test_socket_faults_under_tls(tls: str, where: str, fault: str, tls_files: TlsFiles,
+                                 loop_errors: LoopErrors) -> None:
+    """The server's socket fails at its 3rd and 5th recv or send (records in
+    the middle of the stream; a short send leaves part of a record): a
+    transient fault loses nothing, a fatal one ends the connection once with
+    its error, and neither reaches the exception handler."""
+    import _differential as diff
+
+    plan = diff.FaultPlan({where: {2: fault, 4: fault}})
+    loop = asyncio_relaxed.Loop(tls=tls)
+    loop.set_exception_handler(loop_errors.handler)
+    ours, theirs = socket.socketpair()
+    ours = diff.FaultySocket.adopt(ours, plan)
+    payload = os.urandom(200_000)
+
+    async def main() -> tuple[bytes, Any, list[str]]:
+        server_side: list[Recording] = []
+
+        def factory() -> Recording:
+            server_side.append(Recording(loop))
+            return server_side[-1]
+
+        connect = loop.create_connection(lambda: Recording(loop), sock=theirs,
+                                         ssl=tls_files.client_context(),
+                                         server_hostname="localhost")
+        accept = loop.connect_accepted_socket(factory, ours, ssl=tls_files.server_context())
+        (transport, client), _ = await asyncio.gather(connect, accept)
+        server = server_side[0]
+        for offset in range(0, len(payload), 20_000):
+            transport.write(payload[offset:offset + 20_000])  # several records, several recvs
+        await server.until(len(payload))
+        server.transport.write(bytes(server.data))  # and back: several sends
+        await client.until(len(payload))
+        transport.close()
+        lost = await server.lost
+        await client.lost
+        return bytes(client.data), lost, server.calls
+
+    try:
+        echoed, lost, calls = run(loop, main())
+    finally:
+        loop.close()
+    assert [f for f in plan.fired if f[2] == fault], plan.fired
+    if fault in diff.TRANSIENT:
+        assert echoed == payload and lost is None
+    else:
+        assert payload.startswith(echoed)
+        assert isinstance(lost, ConnectionResetError)
+    assert calls.count("lost") == 1
     loop_errors.check()
