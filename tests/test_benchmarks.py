@@ -253,6 +253,7 @@ def test_missing_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) ->
         return real(name)
 
     monkeypatch.setattr(loops.importlib, "import_module", without_rloop)
+    monkeypatch.setattr(loops, "IMPLEMENTATION", "cpython")
     notes: list[str] = []
     doc = runner.run([WORKLOADS["echo-protocol-1k-c10"]], ["rloop", "no-such-loop"],
                      duration=0.1, warmup=0.0, repeat=1, syscalls=False, progress=notes.append)
@@ -262,12 +263,49 @@ def test_missing_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) ->
     assert any("rloop skipped" in line for line in notes)
 
 
+def test_on_pypy_a_missing_peer_is_one_without_a_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue #26: no peer has a PyPy build, so "pip install" would send the
+    # reader after a wheel that does not exist; zuvloop's "3.14 and later"
+    # neither (there is no PyPy 3.14).
+    real = loops.importlib.import_module
+
+    def without_peers(name: str) -> Any:
+        if name in loops.PEER_KINDS:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name)
+
+    monkeypatch.setattr(loops.importlib, "import_module", without_peers)
+    monkeypatch.setattr(loops, "IMPLEMENTATION", "pypy")
+    for name in loops.PEER_KINDS:
+        assert loops.missing(name) == (f"{name} has no build for PyPy (a compiled extension "
+                                       "for CPython only): nothing to install here; compare "
+                                       "with it on CPython")
+    assert loops.missing("asyncio") is None and loops.missing("relaxed") is None
+
+
+def test_without_matplotlib_a_run_says_so_and_how(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(report, "charts", lambda doc: None)
+    doc = {"schema": 1, "started": "2026-12-01T00:00:00+00:00", "command": ["x"],
+           "machine": runner.machine(), "method": {"repeat": 1, "duration": 1, "warmup": 0},
+           "loops": {}, "defaults": {}, "skipped": {}, "workloads": []}
+    report.write_reports(doc, tmp_path, charts_too=True)
+    assert report.no_charts_note() in capsys.readouterr().err
+    assert report.no_charts_note("cpython").endswith("(pip install matplotlib)")
+    assert "pip install" not in report.no_charts_note("pypy")
+
+
 def test_a_workload_whose_needs_are_missing_is_skipped_with_the_reason() -> None:
     absent = Workload("needs-absent", "x", "echo-protocol", "echo",
                       needs=("no-such-distribution-here",))
     old = Workload("needs-newer", "x", "echo-protocol", "echo", needs=("pytest>=999",))
     assert catalog.missing(WORKLOADS["echo-protocol-1k-c10"]) is None
     assert "pip install 'no-such-distribution-here'" in (catalog.missing(absent) or "")
+    with pytest.MonkeyPatch.context() as patch:  # as httptools and trustme on PyPy
+        patch.setattr(catalog, "CPYTHON_ONLY", ("no-such-distribution-here",))
+        assert "pip install" in (catalog.missing(absent, "cpython") or "")
+        assert "leaves out on pypy" in (catalog.missing(absent, "pypy") or "")
     assert "needs pytest>=999; this is pytest " in (catalog.missing(old) or "")
     notes: list[str] = []
     doc = runner.run([absent, old], ["asyncio"], duration=0.1, warmup=0.0, repeat=1,
@@ -336,7 +374,8 @@ def test_settings_override_a_preset_and_apply_to_our_loop_only() -> None:
     assert loops.factory("asyncio", write=None) is asyncio.SelectorEventLoop
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 14), reason="zuvloop has builds for 3.14+")
+@pytest.mark.skipif(sys.version_info >= (3, 14) or sys.implementation.name != "cpython",
+                    reason="zuvloop has builds for CPython 3.14+")
 def test_a_peer_without_a_build_for_this_python_says_so() -> None:
     why = loops.missing("zuvloop")
     assert why is not None and "3.14" in why and "this is 3." in why

@@ -139,13 +139,22 @@ def preset(name: str) -> str:
     return name.partition("@")[0]
 
 
+#: The interpreter (``sys.implementation.name``).  The peers are compiled
+#: extensions built for CPython only: none has a wheel for PyPy (PyPy 8.0,
+#: Python 3.11), and neither uvloop's sdist nor rloop's and rsloop's build
+#: there (issue #26), so on PyPy a missing peer is one to compare with on
+#: CPython, not one to install.
+IMPLEMENTATION = sys.implementation.name
+
+
 def missing(name: str) -> str | None:
     """Why loop *name* cannot run here, or None when it can."""
     spec = SPECS.get(name)
     if spec is None:
         return f"unknown loop {name!r}; known: {', '.join(SPECS)}"
     if spec.kind in PEER_KINDS:
-        if sys.version_info[:2] < spec.python:
+        cpython = IMPLEMENTATION == "cpython"
+        if cpython and sys.version_info[:2] < spec.python:
             return (f"{spec.kind} has builds for Python {'.'.join(map(str, spec.python))} "
                     f"and later only; this is {platform.python_version()}")
         try:
@@ -153,6 +162,10 @@ def missing(name: str) -> str | None:
         except ModuleNotFoundError as exc:
             if exc.name != spec.kind:
                 return f"{spec.kind} does not import here: {exc}"
+            if not cpython:
+                here = {"pypy": "PyPy"}.get(IMPLEMENTATION, IMPLEMENTATION)
+                return (f"{spec.kind} has no build for {here} (a compiled extension for "
+                        "CPython only): nothing to install here; compare with it on CPython")
             return f"{spec.kind} is not installed (pip install {spec.kind})"
         except ImportError as exc:
             return f"{spec.kind} does not import here: {exc}"

@@ -22,6 +22,7 @@ import atexit
 import os
 import shutil
 import ssl
+import sys
 import tempfile
 from pathlib import Path
 
@@ -61,6 +62,10 @@ def missing() -> str | None:
     try:
         import trustme  # noqa: F401
     except ImportError:
+        if sys.implementation.name != "cpython":  # pyproject.toml's bench extra
+            return ("the TLS workloads need trustme for their certificates; the bench extra "
+                    f"leaves it out on {sys.implementation.name}, where the cryptography it "
+                    "needs has no wheel")
         return "the TLS workloads need trustme for their certificates (pip install trustme)"
     return None
 

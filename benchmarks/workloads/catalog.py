@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from importlib import metadata
 
 from benchmarks.harness.loops import ACCEPT_LOOPS, IO_LOOPS, PEERS, SPECS, TLS_LOOPS
@@ -186,7 +187,13 @@ def _tls() -> list[Workload]:
     ]
 
 
-def missing(w: Workload) -> str | None:
+#: The ``needs`` that pyproject.toml's bench extra leaves out off CPython:
+#: no wheel for PyPy 8.0's ABI for httptools, nor for the cryptography that
+#: trustme needs (issue #26).
+CPYTHON_ONLY = ("httptools", "trustme")
+
+
+def missing(w: Workload, implementation: str = sys.implementation.name) -> str | None:
     """Why workload *w* cannot run here (a distribution of ``needs`` is not
     installed, or too old), or None when it can."""
     for need in w.needs:
@@ -194,6 +201,9 @@ def missing(w: Workload) -> str | None:
         try:
             have = metadata.version(name)
         except metadata.PackageNotFoundError:
+            if implementation != "cpython" and name in CPYTHON_ONLY:
+                return (f"{w.name} needs {name}, which the bench extra leaves out on "
+                        f"{implementation}: no wheel there for it or what it needs")
             return f"{w.name} needs {name}, which is not installed (pip install '{need}')"
         if least and _release(have) < _release(least):
             return f"{w.name} needs {need}; this is {name} {have} (pip install -U '{need}')"

@@ -361,13 +361,20 @@ def save(doc: dict[str, Any], directory: Path, *, charts_too: bool = True) -> Pa
     return path
 
 
+def no_charts_note(implementation: str = sys.implementation.name) -> str:
+    """What a run without matplotlib says: on PyPy the bench extra leaves it
+    out, having no wheel there (pyproject.toml), so no "pip install"."""
+    fix = ("pip install matplotlib" if implementation == "cpython" else
+           f"the bench extra leaves it out on {implementation}, which it has no wheel for")
+    return f"note: matplotlib is not installed; no charts ({fix})"
+
+
 def write_reports(doc: dict[str, Any], directory: Path, *, charts_too: bool) -> None:
     """Save a run (:func:`save`) and print its tables, summary and files."""
     path = save(doc, directory, charts_too=charts_too)
     made = sorted(directory.glob(f"{path.stem}-*.png")) if charts_too else []
     if charts_too and not made:
-        print("note: matplotlib is not installed; no charts (pip install matplotlib)",
-              file=sys.stderr)
+        print(no_charts_note(), file=sys.stderr)
     terminal(doc)
     print(f"\nresults: {path}  report: {path.with_suffix('.md')}"
           + "".join(f"  chart: {p}" for p in made))
