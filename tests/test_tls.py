@@ -614,7 +614,10 @@ def test_bad_input_ends_as_on_stock(tls_loop: asyncio.AbstractEventLoop, tls_loo
     if name == "key_update_and_renegotiation" and shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     _, handled = compare(tls_loop, SCENARIOS[name], tls_files)
-    assert handled == []  # TLS errors are OSErrors: logged in debug mode only
+    if not tls_loop.get_debug():
+        # TLS errors are OSErrors, logged only in debug mode, where stock also
+        # reports a failed accept's transport to the handler (compared above).
+        assert handled == []
 
 
 # -- ours only ----------------------------------------------------------------------
