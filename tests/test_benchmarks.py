@@ -952,6 +952,20 @@ def test_instructions_without_valgrind_says_so(
     assert "valgrind is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["floor-tls-bio", "floor"])
+def test_instructions_refuses_what_is_not_a_loop_before_counting(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.counts import instructions
+
+    def measure(*args: object) -> object:
+        raise AssertionError("counted")
+
+    monkeypatch.setattr(instructions, "measure", measure)
+    assert cli.main(["instructions", "--loops", f"asyncio,{name}"]) == 2
+    assert f"--loops {name}: not an event loop" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(sys.implementation.name == "cpython", reason="counts CPython's interpreter")
 def test_instructions_off_cpython_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

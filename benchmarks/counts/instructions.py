@@ -195,6 +195,15 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
     """Count *loop_names* (the floor too) at *sizes*; write the JSON and the
     Markdown table to *folder* and print the table.  2 without valgrind, or
     on a Python that is not CPython."""
+    names = list(loop_names or DEFAULT_LOOPS)
+    refused = [n for n in names if n not in loops.EVENT_LOOPS]
+    if refused:
+        # Checked before any count: a name no child can run would end the
+        # run after every other count was made.
+        print(f"--loops {','.join(refused)}: not an event loop (known: "
+              f"{', '.join(loops.EVENT_LOOPS)}); the floor rows come with every count",
+              file=sys.stderr)
+        return 2
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind); nothing counted",
               file=sys.stderr)
@@ -218,7 +227,6 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
             sizes.remove(TLS)
         else:
             tls.ensure()  # the certificates, once, before valgrind starts a child
-    names = list(loop_names or DEFAULT_LOOPS)
     if baseline is not None:
         names += [checkout.register(n, baseline.resolve()) for n in list(names)
                   if loops.SPECS[n].kind == "relaxed"]
