@@ -100,7 +100,7 @@ SPECS: dict[str, LoopSpec] = {
 
 
 def tls_presets(fields: object) -> tuple[LoopSpec, ...]:
-    """The presets of asyncio_relaxed's ``tls`` setting (issue #25: ``own``,
+    """The presets of asyncio_relaxed's ``tls`` setting (``own``,
     its own TLS transport, or ``stock``, stock's SSLProtocol over our
     transport), when *fields* (the names of :class:`asyncio_relaxed.Config`'s
     fields) has it; none before.  Both then run every TLS workload."""
@@ -142,7 +142,7 @@ def preset(name: str) -> str:
 #: The interpreter (``sys.implementation.name``).  The peers are compiled
 #: extensions built for CPython only: none has a wheel for PyPy (PyPy 8.0,
 #: Python 3.11), and neither uvloop's sdist nor rloop's and rsloop's build
-#: there (issue #26), so on PyPy a missing peer is one to compare with on
+#: there, so on PyPy a missing peer is one to compare with on
 #: CPython, not one to install.
 IMPLEMENTATION = sys.implementation.name
 

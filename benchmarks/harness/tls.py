@@ -1,7 +1,7 @@
 """The TLS workloads' certificates and contexts: TLS 1.3, an RSA-2048 key.
 
 The certificates come from trustme (a CA and a certificate for
-``localhost`` and ``127.0.0.1`` it signs), RSA-2048 as in issue #25's table
+``localhost`` and ``127.0.0.1`` it signs), RSA-2048
 (trustme's default is ECDSA, whose handshake costs the server less).  A run
 makes them once (:func:`ensure`: RSA key generation takes a fraction of a
 second, and under valgrind far longer) into a temporary folder named by

@@ -12,7 +12,7 @@ about 4.5 s per workload (one run of the default set on CPython 3.15.2 took
 3 min 47 s, docs/benchmarks.md).  Where each workload comes from
 (docs/benchmarks.md): vmbench's echo servers, HAProxy's 0 B / 4 KiB HTTP
 test, node's tcp-raw-pipe, libuv's accept fairness, TechEmpower's plaintext
-test (uvicorn), wrk2's constant-rate load (open loop), issue #25's TLS echo.
+test (uvicorn), wrk2's constant-rate load (open loop), and the TLS echo behind create_server(ssl=).
 
 The TLS workloads (``tls-*``, ``https-0b``) run by name only: at about
 4.5 s per loop, the TLS echo on the six loops of the default set would add
@@ -189,7 +189,7 @@ def _tls() -> list[Workload]:
 
 #: The ``needs`` that pyproject.toml's bench extra leaves out off CPython:
 #: no wheel for PyPy 8.0's ABI for httptools, nor for the cryptography that
-#: trustme needs (issue #26).
+#: trustme needs.
 CPYTHON_ONLY = ("httptools", "trustme")
 
 

@@ -7,7 +7,7 @@ kernel and (over TLS) OpenSSL cost here, on this machine, in the same run:
 - ``floor``: one epoll, accept until EAGAIN, ``recv_into`` one page-aligned
   buffer and ``send`` from it, no copy;
 - ``floor-tls-bio``: the same around an ``ssl.SSLObject`` per connection
-  with its two memory BIOs (what asyncio's sslproto and issue #25's own TLS
+  with its two memory BIOs (what asyncio's sslproto and asyncio_relaxed's own TLS
   transport are built on): the ciphertext is received into one reused
   buffer and written to the incoming BIO, the plaintext read out with
   ``SSLObject.read(n, buffer)`` into a second reused buffer (no fresh
