@@ -25,6 +25,16 @@ from benchmarks.counts import bytecodes, driver, instructions, memory
 from benchmarks.harness import loops
 from benchmarks.workloads import catalog, fairness, report, runner
 
+#: Seconds of warm-up per run on CPython: ``run`` 0.25 s, which keeps the
+#: default set within about 4 minutes with every peer (docs/benchmarks.md,
+#: the default set); ``fairness`` 0.5 s, its runs being 3 s.
+WARMUP = {"run": 0.25, "fairness": 0.5}
+#: Seconds of warm-up per run on PyPy, for both commands: every run is a new
+#: server process whose JIT starts cold.  http-0b on PyPy 8.0.1, CPU µs per
+#: request after 0.25/2/5/10 s: 283/77/48/56, spreads ±41-191 % (5 s to 10 s
+#: moves the median less than its spread; docs/benchmarks.md, PyPy).
+JIT_WARMUP = 5.0
+
 #: The --mode tokens of ``fairness`` (connection lifetimes) and the ones it
 #: runs when none is given: a new connection per request, and keep-alive.
 MODES: tuple[str, ...] = fairness.MODES
@@ -81,6 +91,14 @@ def _loops_option(p: argparse.ArgumentParser, default: Sequence[str] | None) -> 
                    + f"); known: {', '.join(loops.SPECS)}")
 
 
+def default_warmup(command: str, implementation: str = sys.implementation.name) -> float:
+    """The warm-up of *command* (``run`` or ``fairness``) on *implementation*:
+    :data:`JIT_WARMUP` on PyPy, :data:`WARMUP` elsewhere."""
+    if implementation == "pypy":
+        return max(JIT_WARMUP, WARMUP[command])
+    return WARMUP[command]
+
+
 def _repeat_options(p: argparse.ArgumentParser, duration: float, warmup: float) -> None:
     p.add_argument("--duration", type=float, default=duration,
                    help=f"measured seconds per run ({duration:g})")
@@ -121,9 +139,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workloads", help="comma-separated names or shell patterns (echo-*), each "
                    f"on all its loops; known: {', '.join(catalog.WORKLOADS)}")
     _loops_option(r, None)
-    # 0.25 s of warm-up: the default set within 4 minutes with every peer
-    # (docs/benchmarks.md, the default set).
-    _repeat_options(r, 1.0, 0.25)
+    _repeat_options(r, 1.0, default_warmup("run"))
     r.add_argument("--no-syscalls", action="store_true",
                    help="skip the strace -c counts of every loop")
     _output_options(r)
@@ -150,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--placement", type=_tokens(fairness.PLACEMENTS), default=["pinned"],
                    help="comma-separated: pinned (workers on one CPU, the client on "
                    "another), unpinned (free on every CPU, as deployed) (pinned)")
-    _repeat_options(f, 3.0, 0.5)
+    _repeat_options(f, 3.0, default_warmup("fairness"))
     _output_options(f)
 
     i = sub.add_parser("instructions", help="instructions per request, counted by callgrind",

@@ -199,7 +199,8 @@ def test_fairness_command_runs_its_grid_through_the_runner(
     assert seen["workloads"] == ["fairness-k2-c1-close", "fairness-k2-c10-close",
                                  "fairness-k4-c1-close", "fairness-k4-c10-close"]
     assert seen["loops"] == list(loops.ACCEPT_LOOPS)
-    assert (seen["duration"], seen["warmup"], seen["repeat"]) == (3.0, 0.5, 3)
+    assert (seen["duration"], seen["warmup"], seen["repeat"]) == (
+        3.0, cli.default_warmup("fairness"), 3)
     assert seen["syscalls"] is False and seen["baseline"] is None
     assert seen["command"] == ["__main__.py", "fairness", "--workers", "2,4", "--concurrency",
                                "1,10", "--mode", "close", "--results", str(tmp_path),
@@ -211,6 +212,16 @@ def test_fairness_command_runs_its_grid_through_the_runner(
     assert seen["workloads"] == ["fairness-k2-c10-mixed", "fairness-k2-c10-mixed-unpinned"]
     with pytest.raises(SystemExit):
         cli.main(["fairness", "--mode", "mixed", "--concurrency", "1"])
+
+
+def test_the_warm_up_is_longer_on_pypy_only() -> None:
+    # CPython keeps 0.25 s (run) and 0.5 s (fairness); PyPy's JIT gets
+    # JIT_WARMUP, measured (cli.py).
+    assert (cli.default_warmup("run", "cpython"), cli.default_warmup("fairness", "cpython")) \
+        == (0.25, 0.5)
+    assert cli.default_warmup("run", "pypy") == cli.default_warmup("fairness", "pypy") \
+        == cli.JIT_WARMUP == 5.0
+    assert cli.parser().parse_args(["run"]).warmup == cli.default_warmup("run")
 
 
 def test_compare_reads_the_runs_in_results(capsys: pytest.CaptureFixture[str]) -> None:

@@ -234,7 +234,12 @@ def headline(doc: dict[str, Any]) -> str:
             label = "@base:"
         seen.setdefault(label, data["version"])
     versions = ", ".join(f"{k} {v}" for k, v in seen.items())
-    return (f"{doc['started']} · Python {m['python']} · {m['cpus']} CPUs ({m['cpu_model']}) · "
+    # "CPython 3.15.2", "PyPy 3.11.17 (PyPy 8.0.1)"; "Python 3.11.7" for a
+    # run recorded without its implementation.
+    python = f"{m.get('implementation', 'Python')} {m['python']}"
+    if m.get("pypy"):
+        python += f" (PyPy {m['pypy']})"
+    return (f"{doc['started']} · {python} · {m['cpus']} CPUs ({m['cpu_model']}) · "
             f"{pinned} · {method['repeat']} x {method['duration']} s per loop after "
             f"{method['warmup']} s warm-up, median · {versions}")
 

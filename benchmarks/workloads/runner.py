@@ -77,6 +77,8 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
+        "pypy": ".".join(map(str, sys.pypy_version_info[:3]))  # type: ignore[attr-defined]
+        if hasattr(sys, "pypy_version_info") else None,
         "pinned": server_cpu is not None,
         "server_cpu": server_cpu,
         "client_cpu": client_cpu,
