@@ -329,3 +329,37 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 def tls(tls_files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """(server, client) contexts: a certificate for localhost and its trust."""
     return tls_files.server_context(), tls_files.client_context()
+
+
+# -- PyPy: a session that cannot exit --------------------------------------------
+#
+# On PyPy the collector runs concurrent.futures' weakref callback of a
+# collected ThreadPoolExecutor (thread.py, weakref_cb: q.put(None)) in
+# whatever thread allocates, which can be that executor's own idle worker
+# inside work_queue.get() holding the queue's lock: the worker deadlocks on
+# its own lock, and at exit the interpreter joins it forever (seen in a full
+# run of the suite, never in one file's).  Nothing uses such a worker any
+# more (its executor is gone), so once the session has reported, a PyPy
+# process with a non-daemon thread left exits with the session's status.
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import os
+    import threading
+
+    if sys.implementation.name != "pypy" or _EXIT_STATUS not in config.stash:
+        return
+    left = [t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash[_EXIT_STATUS])
