@@ -157,7 +157,13 @@ def loop_name(request: pytest.FixtureRequest) -> str:
 def loop(loop_name: str, loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEventLoop]:
     factory = LOOP_FACTORIES[loop_name]
     assert factory is not None
-    loop = factory()
+    yield from _as_fixture(factory(), loop_errors)
+
+
+def _as_fixture(loop: asyncio.AbstractEventLoop,
+                loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEventLoop]:
+    """*loop* as a fixture's: the current loop, its exception handler
+    recording, its async generators shut down and itself closed after."""
     loop.set_exception_handler(loop_errors.handler)
     asyncio.set_event_loop(loop)
     try:
@@ -198,17 +204,7 @@ def tls_loop(tls_loop_name: str, loop_errors: LoopErrors) -> Iterator[asyncio.Ab
         factory = LOOP_FACTORIES[base]
         assert factory is not None
         loop = factory()
-    loop.set_exception_handler(loop_errors.handler)
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-    loop_errors.check()
+    yield from _as_fixture(loop, loop_errors)
 
 
 @pytest.fixture(params=list(RELAXED_SETTINGS))
