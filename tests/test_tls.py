@@ -416,9 +416,7 @@ async def handshake_timeouts(loop: asyncio.AbstractEventLoop, files: TlsFiles) -
     silent.setblocking(False)
     ended = await asyncio.wait_for(loop.sock_recv(silent, 10), 5)  # the server gave up: EOF
     silent.close()
-    listener = socket.socket()
-    listener.bind((LOCAL, 0))
-    listener.listen()
+    listener = _listener()
     try:
         await loop.create_connection(asyncio.Protocol, *listener.getsockname(),
                                      ssl=files.client_context(), server_hostname="localhost",
@@ -447,6 +445,22 @@ def _tls_peer(context: ssl.SSLContext, sock: socket.socket, script: Callable[[An
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, result
+
+
+def _listener() -> socket.socket:
+    """A listening socket on loopback, for a peer thread to accept from."""
+    listener = socket.socket()
+    listener.bind((LOCAL, 0))
+    listener.listen()
+    return listener
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, listener: socket.socket, files: TlsFiles,
+                   **kwargs: Any) -> tuple[Any, Recording]:
+    """A TLS client connection to *listener*, recorded."""
+    return await loop.create_connection(  # type: ignore[return-value]
+        lambda: Recording(loop), *listener.getsockname(), ssl=files.client_context(),
+        server_hostname="localhost", **kwargs)
 
 
 def _bio_peer(files: TlsFiles, sock: socket.socket, after: Callable[[Any, Any, Any], Any]) -> Any:
@@ -482,9 +496,7 @@ def _bio_peer(files: TlsFiles, sock: socket.socket, after: Callable[[Any, Any, A
 async def truncated_record(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """After the handshake the peer sends one whole record and half of the
     next, then closes TCP."""
-    listener = socket.socket()
-    listener.bind((LOCAL, 0))
-    listener.listen()
+    listener = _listener()
 
     def after(conn: Any, obj: Any, outgoing: Any) -> str:
         obj.write(b"whole")
@@ -496,9 +508,7 @@ async def truncated_record(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> 
         return "sent"
 
     thread, result = _bio_peer(files, listener, after)
-    _, client = await loop.create_connection(
-        lambda: Recording(loop), *listener.getsockname(), ssl=files.client_context(),
-        server_hostname="localhost")
+    _, client = await _connect(loop, listener, files)
     exc = await client.lost
     await loop.run_in_executor(None, thread.join)
     listener.close()
@@ -508,9 +518,7 @@ async def truncated_record(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> 
 async def unanswered_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """close() sends close_notify; the peer reads but never answers or
     closes: ssl_shutdown_timeout ends the connection."""
-    listener = socket.socket()
-    listener.bind((LOCAL, 0))
-    listener.listen()
+    listener = _listener()
     stop = threading.Event()
 
     def script(conn: Any) -> bytes:
@@ -519,9 +527,7 @@ async def unanswered_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFil
         return data
 
     thread, result = _tls_peer(files.server_context(), listener, script)
-    transport, client = await loop.create_connection(
-        lambda: Recording(loop), *listener.getsockname(), ssl=files.client_context(),
-        server_hostname="localhost", ssl_shutdown_timeout=0.2)
+    transport, client = await _connect(loop, listener, files, ssl_shutdown_timeout=0.2)
     transport.write(b"bye")
     transport.close()
     exc = await client.lost
@@ -533,9 +539,7 @@ async def unanswered_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFil
 
 async def rst_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """The peer sends close_notify, then resets the connection."""
-    listener = socket.socket()
-    listener.bind((LOCAL, 0))
-    listener.listen()
+    listener = _listener()
 
     def script(conn: Any) -> str:
         conn.sendall(b"data")
@@ -545,9 +549,7 @@ async def rst_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFile
         return "reset"
 
     thread, result = _tls_peer(files.server_context(), listener, script)
-    _, client = await loop.create_connection(
-        lambda: Recording(loop), *listener.getsockname(), ssl=files.client_context(),
-        server_hostname="localhost")
+    _, client = await _connect(loop, listener, files)
     exc = await client.lost
     await loop.run_in_executor(None, thread.join)
     listener.close()
