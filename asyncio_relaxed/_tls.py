@@ -49,8 +49,9 @@ error types and texts are stock's on every Python version):
 What stock keeps on its own objects and code in the wild reads is here too:
 ``get_extra_info`` (``sslcontext``, and after the handshake ``peercert``,
 ``cipher``, ``compression``, ``ssl_object``, before the socket's keys),
-``_ssl_protocol`` (this object), ``_protocol_paused`` (the application's
-writing paused, read by loop.sendfile's fallback), ``_test__append_write_backlog``
+``_ssl_protocol`` (this object), ``_app_reading_paused`` (the application
+paused reading, read by CPython's own tests), ``_protocol_paused`` (the
+application's writing paused, read by loop.sendfile's fallback), ``_test__append_write_backlog``
 (stock's test hook), ``get_read_buffer_limits`` and its siblings.
 
 TLS over TLS (``start_tls`` on a TLS transport) and ``start_tls`` itself go
@@ -103,7 +104,7 @@ class SSLTransport(SocketTransport):
         "_app_buffered",
         "_app_high",
         "_app_low",
-        "_app_paused",
+        "_app_reading_paused",
         "_app_state",
         "_backlog",
         "_backlog_size",
@@ -197,7 +198,7 @@ class SSLTransport(SocketTransport):
         self._closed = False  # the application's transport is closed (stock's _closed)
         self._drop_ssl = False  # closed twice: the SSL objects go with the socket
         self._eof_received = False
-        self._app_paused = False  # the application paused reading
+        self._app_reading_paused = False  # the application paused reading
         self._ssl_reading_paused = False  # the incoming BIO passed its high mark
         self._ssl_writing_paused = False  # the socket's buffer paused the TLS layer
         self._raw_paused = False  # ... and the socket's side knows it did
@@ -272,14 +273,14 @@ class SSLTransport(SocketTransport):
         self._abort(None)
 
     def is_reading(self) -> bool:
-        return not self._app_paused
+        return not self._app_reading_paused
 
     def pause_reading(self) -> None:
-        self._app_paused = True
+        self._app_reading_paused = True
 
     def resume_reading(self) -> None:
-        if self._app_paused:
-            self._app_paused = False
+        if self._app_reading_paused:
+            self._app_reading_paused = False
             self._loop.call_soon(self._resume)
 
     def _resume(self) -> None:
@@ -663,7 +664,7 @@ class SSLTransport(SocketTransport):
             self._incoming.write(shared.read_view[:nbytes])
             state = self._state
             if state is _WRAPPED:
-                if self._app_paused or self._app_buffered:
+                if self._app_reading_paused or self._app_buffered:
                     self._do_read()
                     return
                 # _do_read for a plain Protocol, written out: once per read.
@@ -714,7 +715,7 @@ class SSLTransport(SocketTransport):
                 self._on_handshake_complete(ConnectionResetError)
             elif state is _WRAPPED:
                 self._set_state(_FLUSHING)
-                if self._app_paused:
+                if self._app_reading_paused:
                     return True
                 self._do_flush()
             elif state is _FLUSHING:
@@ -732,7 +733,7 @@ class SSLTransport(SocketTransport):
         if self._state is not _WRAPPED and self._state is not _FLUSHING:
             return
         try:
-            if not self._app_paused:
+            if not self._app_reading_paused:
                 if self._app_buffered:
                     self._do_read__buffered()
                 else:

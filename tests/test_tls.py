@@ -192,7 +192,8 @@ def test_flow_control_with_16_mib_to_a_stalled_reader(tls_loop: asyncio.Abstract
                                                        tls_files: TlsFiles) -> None:
     """The writer is paused above the high-water mark and resumed once the
     reader drains; nothing is lost; the buffer size is the application's
-    (stock's: what waits above the socket's own buffer)."""
+    (stock's: what waits above the socket's own buffer).  The paused
+    reading shows where stock keeps it, which CPython's own tests read."""
     if tls_loop_name == "uvloop":
         pytest.skip("uvloop 0.23's TLS transport delivers nothing after resume_reading() "
                     "of what arrived while paused: the reader hangs")
@@ -206,6 +207,7 @@ def test_flow_control_with_16_mib_to_a_stalled_reader(tls_loop: asyncio.Abstract
             server_hostname="localhost")
         transport.pause_reading()
         assert not transport.is_reading()
+        assert transport._ssl_protocol._app_reading_paused
         await made[0].made
         sender = made[0]
         for offset in range(0, len(payload), 1 << 16):
@@ -219,6 +221,7 @@ def test_flow_control_with_16_mib_to_a_stalled_reader(tls_loop: asyncio.Abstract
         await asyncio.sleep(0.05)
         assert not client.data  # paused: nothing delivered
         transport.resume_reading()
+        assert not transport._ssl_protocol._app_reading_paused
         await client.until(len(payload))
         assert bytes(client.data) == payload
         assert sender.resumed == 1
