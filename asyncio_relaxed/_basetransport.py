@@ -1,6 +1,8 @@
 """What every stream transport of the loop shares beside reading and writing:
 the socket and its two addresses, ``get_extra_info``, the protocol and the
-server, the loop's scheduling in the transport's context, and the finaliser.
+server, the loop's scheduling in the transport's context, the connection's
+start (``connection_made``, then reading), a fatal error's report, and the
+finaliser.
 
 :class:`TransportBase` is to :class:`~asyncio_relaxed._transport.SocketTransport`
 what uvloop's ``UVBaseTransport`` is to its ``UVStream``: the transport's
@@ -21,6 +23,7 @@ This module's names from asyncio are its public transport classes and, through
 
 from __future__ import annotations
 
+import contextvars
 import socket
 import warnings
 from collections.abc import Mapping
@@ -31,6 +34,8 @@ from . import _compat
 from ._shared import TransportShared
 
 __all__ = ["SHARED_MAX", "TransportBase"]
+
+_copy_context = contextvars.copy_context
 
 # get_extra_info's fallback when the caller passed no extra keys of its own.
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -186,6 +191,15 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         def _watch_write(self) -> None:
             self._loop._add_writer(self._sock_fd, self._write_ready)
 
+    def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
+        """Stock's transport method (start_tls and tests call it)."""
+        if not self.is_reading():
+            return
+        if _compat.PY315:
+            self._loop._add_reader(fd, callback, *args, context=self._context)
+        else:
+            self._loop._add_reader(fd, callback, *args)
+
     def _unwatch_read(self) -> None:
         self._loop._remove_reader(self._sock_fd)
 
@@ -193,6 +207,44 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         self._loop._remove_writer(self._sock_fd)
 
     def _write_ready(self) -> None:
+        raise NotImplementedError
+
+    # -- the connection's start ---------------------------------------------
+
+    def _schedule_start(self, waiter: Any) -> None:
+        """connection_made(), then reading, then *waiter*'s result, each in
+        a handle of its own as stock schedules them (connection_made and
+        reading in one outside debug mode, which times and names each)."""
+        if self._loop._debug:
+            self._call_soon(self._protocol.connection_made, self)
+            self._call_soon(self._start_reading)
+        else:
+            self._call_soon(self._connection_made)
+        if waiter is not None:
+            self._call_soon(_compat.set_result_unless_cancelled, waiter, None)
+
+    def _connection_made(self) -> None:
+        """connection_made(), then reading starts (only once it has run):
+        stock's two handles in one, an exception reported as the first
+        handle's would be.  Each of stock's handles runs in a copy of the
+        context that scheduled it, so what connection_made() sets is not
+        what the reader (made from the second) sees: it runs in a copy here
+        too, unless the transport has a context of its own (3.15's server
+        connections, whose callbacks all share it)."""
+        try:
+            if self._context is None:
+                _copy_context().run(self._protocol.connection_made, self)
+            else:
+                self._protocol.connection_made(self)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            loop = self._loop
+            handle = _compat.events.Handle(self._protocol.connection_made, (self,), loop, None)
+            loop._callback_failed(handle, exc)
+        self._start_reading()
+
+    def _start_reading(self) -> None:
         raise NotImplementedError
 
     # -- identity ---------------------------------------------------------
@@ -234,6 +286,27 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         self._release_fd()
         self._sock.close()
         self._detach_server()
+
+    def _fatal_error(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
+        """A failure that ends the connection: an OSError logged in debug mode
+        only, anything else to the exception handler (stock's contexts), then
+        the close without flushing.  Called from an exception handler only."""
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                _compat.transport_logger().debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._loop.call_exception_handler(
+                {
+                    "message": message,
+                    "exception": exc,
+                    "transport": self,
+                    "protocol": self._protocol,
+                }
+            )
+        self._force_close(exc)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        raise NotImplementedError
 
     def _lost(self) -> None:
         """The connection is lost (``_conn_lost`` was just set): whatever the

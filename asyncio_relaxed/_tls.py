@@ -281,9 +281,11 @@ class SSLTransport(SocketTransport):
     def resume_reading(self) -> None:
         if self._app_reading_paused:
             self._app_reading_paused = False
-            self._loop.call_soon(self._resume)
+            self._loop.call_soon(self._step)
 
-    def _resume(self) -> None:
+    def _step(self) -> None:
+        """What the state does with new ciphertext or a resumed reader:
+        read, flush or shut down (stock's resume and buffer_updated)."""
         state = self._state
         if state is _WRAPPED:
             self._do_read()
@@ -297,11 +299,14 @@ class SSLTransport(SocketTransport):
             high, low, _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
         self._control_app_writing()
 
+    def get_write_buffer_size(self) -> int:
+        return self._outgoing.pending + self._backlog_size
+
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return (self._app_low, self._app_high)
 
-    def get_write_buffer_size(self) -> int:
-        return self._outgoing.pending + self._backlog_size
+    def get_read_buffer_size(self) -> int:
+        return self._incoming.pending
 
     def set_read_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._in_high, self._in_low = _compat.flow_control_defaults(
@@ -310,9 +315,6 @@ class SSLTransport(SocketTransport):
 
     def get_read_buffer_limits(self) -> tuple[int, int]:
         return (self._in_low, self._in_high)
-
-    def get_read_buffer_size(self) -> int:
-        return self._incoming.pending
 
     def write(self, data: Any) -> None:
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -333,14 +335,7 @@ class SSLTransport(SocketTransport):
             if written < len(data):
                 self._backlog = [memoryview(data)[written:]]
                 self._backlog_size = len(data) - written
-            # _process_outgoing, written out: once per write.
-            outgoing = self._outgoing
-            if not self._ssl_writing_paused:
-                records = outgoing.read()
-                if records:
-                    SocketTransport.write(self, records)
-            if self._protocol_paused or outgoing.pending + self._backlog_size >= self._app_high:
-                self._control_app_writing()
+            self._process_outgoing()
             return
         self._write_appdata((data,))
 
@@ -559,14 +554,17 @@ class SSLTransport(SocketTransport):
         size = self.get_write_buffer_size()
         if size >= self._app_high and not self._protocol_paused:
             self._protocol_paused = True
-            self._call_flow_control("pause_writing")
+            self._call_flow_control("pause_writing", self._protocol)
         elif size <= self._app_low and self._protocol_paused:
             self._protocol_paused = False
-            self._call_flow_control("resume_writing")
+            self._call_flow_control("resume_writing", self._protocol)
 
-    def _call_flow_control(self, name: str) -> None:
+    def _call_flow_control(self, name: str, target: Any) -> None:
+        """*target*'s pause_writing or resume_writing: the application's
+        protocol, or this object as the socket's protocol; a failure goes to
+        the exception handler in stock's words (SSLProtocol, either way)."""
         try:
-            getattr(self._protocol, name)()
+            getattr(target, name)()
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
@@ -583,25 +581,12 @@ class SSLTransport(SocketTransport):
     def _maybe_pause_protocol(self) -> None:
         if self._buffer_size > self._high_water and not self._raw_paused:
             self._raw_paused = True
-            self._call_flow_control_raw("pause_writing")
+            self._call_flow_control("pause_writing", self)
 
     def _maybe_resume_protocol(self) -> None:
         if self._raw_paused and self._buffer_size <= self._low_water:
             self._raw_paused = False
-            self._call_flow_control_raw("resume_writing")
-
-    def _call_flow_control_raw(self, name: str) -> None:
-        try:
-            getattr(self, name)()
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:
-            self._loop.call_exception_handler({
-                "message": f"protocol.{name}() failed",
-                "exception": exc,
-                "transport": self,
-                "protocol": self,
-            })
+            self._call_flow_control("resume_writing", self)
 
     def _write_now(self, vectored: bool = False) -> None:
         SocketTransport._write_now(self, vectored)
@@ -617,7 +602,7 @@ class SSLTransport(SocketTransport):
             self._raw_paused = False
             self._sending = True  # its writes are appended, decided on here
             try:
-                self._call_flow_control_raw("resume_writing")
+                self._call_flow_control("resume_writing", self)
             finally:
                 self._sending = False
             if self._buffer:
@@ -645,64 +630,21 @@ class SSLTransport(SocketTransport):
         reads into SSLProtocol.get_buffer, then buffer_updated)."""
         if self._conn_lost:
             return
-        shared = self._shared
-        shared.stats.recv += 1
-        try:
-            nbytes = self._sock.recv_into(shared.read_buffer)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            shared.stats.recv_eagain += 1
-            return
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal read error on socket transport")
-            return
-        if not nbytes:
-            self._read_ready__on_eof()
+        nbytes = self._recv_loop_buffer()
+        if nbytes <= 0:
+            if not nbytes:
+                self._read_ready__on_eof()
             return
         try:
-            self._incoming.write(shared.read_view[:nbytes])
-            state = self._state
-            if state is _WRAPPED:
-                if self._app_reading_paused or self._app_buffered:
-                    self._do_read()
-                    return
-                # _do_read for a plain Protocol, written out: once per read.
-                try:
-                    self._do_read__copied()
-                    if self._backlog:
-                        self._do_write()
-                    elif self._outgoing.pending or self._protocol_paused or self._app_high <= 0:
-                        self._process_outgoing()
-                    if self._ssl_reading_paused or self._incoming.pending >= self._in_high:
-                        self._control_ssl_reading()
-                except Exception as exc:
-                    self._tls_fatal(exc, "Fatal error on SSL protocol")
-            elif state is _DO_HANDSHAKE:
+            self._incoming.write(self._shared.read_view[:nbytes])
+            if self._state is _DO_HANDSHAKE:
                 self._do_handshake()
-            elif state is _FLUSHING:
-                self._do_flush()
-            elif state is _SHUTDOWN:
-                self._do_shutdown()
+            else:
+                self._step()
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
-
-    def _read_ready__on_eof(self) -> None:
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r received EOF", self)
-        try:
-            keep_open = self._eof_from_socket()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
-            return
-        if keep_open:
-            self._unwatch_read()
-        else:
-            SocketTransport.close(self)
 
     def _eof_from_socket(self) -> bool | None:
         """SSLProtocol.eof_received: the peer half-closed the socket."""

@@ -51,7 +51,6 @@ Error texts and the exception-handler contexts are stock asyncio's
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import socket
 from typing import Any
 
@@ -62,8 +61,6 @@ from ._sockets import HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
 from ._writes import IDLE
 
 __all__ = ["SMALL_READ", "SocketTransport"]
-
-_copy_context = contextvars.copy_context
 
 # The write buffer of a transport that never had to buffer (see __init__).
 _NO_BUFFER: Any = ()
@@ -81,6 +78,39 @@ _WRITE_TYPE_ERROR = (
     if _compat.PY314
     else "data argument must be a bytes-like object, not {!r}"
 )
+
+
+def _writelines_views(list_of_data: Any, eof: bool, sendfile: bool) -> list[memoryview] | None:
+    """writelines()'s chunks as views, checked as each version's stock
+    checks them (its errors, in its order), or None where stock returns
+    before it looks for a lost connection."""
+    if not _compat.PY312:
+        # 3.11's stock is WriteTransport.writelines: it joins the chunks
+        # (the join's TypeError comes first), then calls write().
+        chunks = list(list_of_data)
+        if not all(isinstance(data, (bytes, bytearray, memoryview)) for data in chunks):
+            # The join's own TypeError, in this interpreter's words (PyPy's
+            # says "expected bytes, str found"); a buffer it takes is
+            # written, as stock writes it.
+            b"".join(chunks)
+        if eof:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if sendfile:
+            raise RuntimeError("unable to write; sendfile is in progress")
+        views = [memoryview(data) for data in chunks if data]
+        # write(b"") returns before it looks for a lost connection.
+        return views or None
+    if eof:
+        raise RuntimeError("Cannot call writelines() after write_eof()")
+    if sendfile:
+        raise RuntimeError("unable to writelines; sendfile is in progress")
+    chunks = list(list_of_data)
+    if _compat.PY314:
+        # Stock skips empty chunks before it looks at them (gh-155888).
+        views = [memoryview(data) for data in chunks if data]
+    else:
+        views = [memoryview(data) for data in chunks]  # stock's TypeError text
+    return views if chunks else None
 
 
 class SocketTransport(TransportBase):
@@ -156,39 +186,6 @@ class SocketTransport(TransportBase):
                 set_options(sock, shared.tcp_sockopts)
         self._schedule_start(waiter)
 
-    def _schedule_start(self, waiter: Any) -> None:
-        """connection_made(), then reading, then *waiter*'s result, each in
-        a handle of its own as stock schedules them (connection_made and
-        reading in one outside debug mode, which times and names each)."""
-        if self._loop._debug:
-            self._call_soon(self._protocol.connection_made, self)
-            self._call_soon(self._start_reading)
-        else:
-            self._call_soon(self._connection_made)
-        if waiter is not None:
-            self._call_soon(_compat.set_result_unless_cancelled, waiter, None)
-
-    def _connection_made(self) -> None:
-        """connection_made(), then reading starts (only once it has run):
-        stock's two handles in one, an exception reported as the first
-        handle's would be.  Each of stock's handles runs in a copy of the
-        context that scheduled it, so what connection_made() sets is not
-        what the reader (made from the second) sees: it runs in a copy here
-        too, unless the transport has a context of its own (3.15's server
-        connections, whose callbacks all share it)."""
-        try:
-            if self._context is None:
-                _copy_context().run(self._protocol.connection_made, self)
-            else:
-                self._protocol.connection_made(self)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            loop = self._loop
-            handle = _compat.events.Handle(self._protocol.connection_made, (self,), loop, None)
-            loop._callback_failed(handle, exc)
-        self._start_reading()
-
     # -- protocol and reading state ------------------------------------------
 
     def set_protocol(self, protocol: Any) -> None:
@@ -241,15 +238,6 @@ class SocketTransport(TransportBase):
         self._start_reading()
         if self._loop.get_debug():
             _compat.transport_logger().debug("%r resumes reading", self)
-
-    def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
-        """Stock's transport method (start_tls and tests call it)."""
-        if self._closing or self._paused:
-            return
-        if _compat.PY315:
-            self._loop._add_reader(fd, callback, *args, context=self._context)
-        else:
-            self._loop._add_reader(fd, callback, *args)
 
     def _start_reading(self) -> None:
         # The reader is the protocol kind's own read method, not _read_ready:
@@ -313,6 +301,21 @@ class SocketTransport(TransportBase):
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
 
+    def _recv_loop_buffer(self) -> int:
+        """One recv_into the loop's buffer: the byte count (0 at EOF), or -1
+        when nothing came (EAGAIN) or the read failed (then fatal)."""
+        stats = self._shared.stats
+        stats.recv += 1
+        try:
+            return self._sock.recv_into(self._shared.read_buffer)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            stats.recv_eagain += 1
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on socket transport")
+        return -1
+
     def _read_ready__get_buffer(self) -> None:
         """A BufferedProtocol's read: recv_into its own buffer.  Its three
         steps' failures are stock's (_SelectorSocketTransport), each fatal."""
@@ -348,7 +351,7 @@ class SocketTransport(TransportBase):
         if self._loop.get_debug():
             _compat.transport_logger().debug("%r received EOF", self)
         try:
-            keep_open = self._protocol.eof_received()
+            keep_open = self._eof_from_socket()
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
@@ -358,7 +361,16 @@ class SocketTransport(TransportBase):
             # The protocol may still write, but nothing more can be read.
             self._unwatch_read()
         else:
-            self.close()
+            self._close_socket()
+
+    def _eof_from_socket(self) -> bool | None:
+        """The peer half-closed the socket: the protocol says whether to
+        keep it open (the TLS transport's layer says it there)."""
+        return self._protocol.eof_received()  # type: ignore[no-any-return]
+
+    def _close_socket(self) -> None:
+        """The close an EOF ends with (the TLS transport's is its socket's)."""
+        self.close()
 
     # -- writing ----------------------------------------------------------
 
@@ -430,35 +442,9 @@ class SocketTransport(TransportBase):
             self._check_high_water()
 
     def writelines(self, list_of_data: Any) -> None:
-        if not _compat.PY312:
-            # 3.11's stock is WriteTransport.writelines: it joins the chunks
-            # (the join's TypeError comes first), then calls write().
-            chunks = list(list_of_data)
-            if not all(isinstance(data, (bytes, bytearray, memoryview)) for data in chunks):
-                # The join's own TypeError, in this interpreter's words (PyPy's
-                # says "expected bytes, str found"); a buffer it takes is
-                # written, as stock writes it.
-                b"".join(chunks)
-            if self._eof:
-                raise RuntimeError("Cannot call write() after write_eof()")
-            if self._empty_waiter is not None:
-                raise RuntimeError("unable to write; sendfile is in progress")
-            views = [memoryview(data) for data in chunks if data]
-            if not views:
-                return  # write(b"") returns before it looks for a lost connection
-        else:
-            if self._eof:
-                raise RuntimeError("Cannot call writelines() after write_eof()")
-            if self._empty_waiter is not None:
-                raise RuntimeError("unable to writelines; sendfile is in progress")
-            chunks = list(list_of_data)
-            if _compat.PY314:
-                # Stock skips empty chunks before it looks at them (gh-155888).
-                views = [memoryview(data) for data in chunks if data]
-            else:
-                views = [memoryview(data) for data in chunks]  # stock's TypeError text
-            if not chunks:
-                return
+        views = _writelines_views(list_of_data, self._eof, self._empty_waiter is not None)
+        if views is None:
+            return
         if self._conn_lost:
             self._drop_write_after_loss()
             return
@@ -680,22 +666,6 @@ class SocketTransport(TransportBase):
 
     def abort(self) -> None:
         self._force_close(None)
-
-    def _fatal_error(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
-        # Should be called from an exception handler only.
-        if isinstance(exc, OSError):
-            if self._loop.get_debug():
-                _compat.transport_logger().debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {
-                    "message": message,
-                    "exception": exc,
-                    "transport": self,
-                    "protocol": self._protocol,
-                }
-            )
-        self._force_close(exc)
 
     def _force_close(self, exc: BaseException | None) -> None:
         if self._conn_lost:
