@@ -637,7 +637,10 @@ class SSLTransport(SocketTransport):
             return
         try:
             self._incoming.write(self._shared.read_view[:nbytes])
-            if self._state is _DO_HANDSHAKE:
+            state = self._state
+            if state is _WRAPPED:
+                self._do_read()
+            elif state is _DO_HANDSHAKE:
                 self._do_handshake()
             else:
                 self._step()
