@@ -12,6 +12,7 @@ variables (see :class:`Config`); ``loop.statistics()`` returns the counters.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -22,18 +23,19 @@ from ._config import AcceptStrategy, Config, PartialWrite, Poller, TlsMode, Writ
 from ._health import HealthSnapshot
 from ._loop import Loop
 from ._slow import SlowCallback
-from ._stats import COUNTERS, LoopStatistics
-
-__version__ = "0.2.0"
+from ._stats import COUNTERS, GAUGES, LoopGauges, LoopStatistics
+from ._version import __version__ as __version__
 
 __all__ = [
     "COUNTERS",
+    "GAUGES",
     "AcceptStrategy",
     "Config",
     "EventLoopPolicy",
     "HealthSnapshot",
     "ListenerStatistics",
     "Loop",
+    "LoopGauges",
     "LoopStatistics",
     "PartialWrite",
     "Poller",
@@ -47,6 +49,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+# Public submodules loaded on first attribute access (PEP 562).
+_SUBMODULES = frozenset({"metrics", "pool"})
 
 
 def new_event_loop(**options: Any) -> Loop:
@@ -84,4 +88,8 @@ def __getattr__(name: str) -> Any:
         from . import _policy
 
         return getattr(_policy, name)
+    if name in _SUBMODULES:
+        # Reachable after `import asyncio_relaxed`; importing them imports
+        # none of their optional peers (prometheus_client, opentelemetry, rich).
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,24 +1,29 @@
-"""``python -m asyncio_relaxed``: version, every setting, platform facts.
+"""``python -m asyncio_relaxed``: version, every setting, platform facts;
+``python -m asyncio_relaxed top``: a pool's workers, live.
 
 Run it where the server runs, with the server's environment: it lists every
 setting a loop created there would use, with its keyword, its environment
 variable and whether the environment set it, then the platform facts that
 decide what the settings can do.  Exit status 2 when a variable holds a
 value the loop would refuse (the message names it, as the loop's would).
+``top`` reads the snapshots the loops of a pool publish to their
+``stats_dir`` (asyncio_relaxed/_top.py).  Output into a closed pipe
+(``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import select
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from . import __version__
 from ._config import ENV_PREFIX, Config, resolve
+from ._startup import token, unknown_variables
+from ._version import __version__
 
 
 def columns(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -31,28 +36,13 @@ def columns(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     ]
 
 
-def token(value: Any) -> str:
-    """A setting's value as the environment variable would spell it."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
 def settings_rows(config: Config, environ: Mapping[str, str]) -> list[tuple[str, ...]]:
     """A header and one row per setting: keyword, variable, value, unit, source."""
     rows: list[tuple[str, ...]] = [("keyword", "environment variable", "value", "unit", "set by")]
     for name, var, value, unit, _why in config.describe():
         source = "environment" if environ.get(var, "").strip() else "default"
-        rows.append((name, var, token(value), unit, source))
+        rows.append((name, var, token(value) or "(none)", unit, source))
     return rows
-
-
-def unknown_variables(config: Config, environ: Mapping[str, str]) -> list[str]:
-    """``ASYNCIO_RELAXED_*`` variables that name no setting (a typo, or a
-    setting of another version): the loop ignores them."""
-    known = {var for _name, var, *_rest in config.describe()}
-    return sorted(var for var, raw in environ.items()
-                  if var.startswith(ENV_PREFIX) and var not in known and raw.strip())
 
 
 def platform_rows() -> list[tuple[str, str]]:
@@ -76,7 +66,7 @@ def platform_rows() -> list[tuple[str, str]]:
     ]
 
 
-def main() -> int:
+def settings_report() -> int:
     print(f"asyncio_relaxed {__version__}")
     print(f"Python {platform.python_version()} ({platform.python_implementation()}) "
           f"on {platform.system()} {platform.release()} {platform.machine()}")
@@ -90,11 +80,66 @@ def main() -> int:
     print("\n".join(columns(settings_rows(config, environ))))
     if sys.flags.ignore_environment:
         print(f"  (python -E: {ENV_PREFIX}* variables are ignored)")
-    for var in unknown_variables(config, environ):
-        print(f"  note: {var} is not a setting of asyncio_relaxed {__version__}; ignored")
+    for var, closest in unknown_variables(config, environ):
+        hint = f" (did you mean {closest}?)" if closest else ""
+        print(f"  note: {var} is not a setting of asyncio_relaxed {__version__}; ignored{hint}")
     print("\nplatform:")
     print("\n".join(columns(platform_rows())))
     return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    command = argparse.ArgumentParser(
+        prog="python -m asyncio_relaxed",
+        description="Without a command: the version, every setting a loop made here would "
+        "use (keyword, environment variable, value, source) and the platform's facts; exit "
+        "status 2 if a variable holds a value the loop would refuse.")
+    commands = command.add_subparsers(dest="command", metavar="COMMAND")
+    top = commands.add_parser(
+        "top", help="the workers of a pool, live (their loops' stats_dir)",
+        description="One row per worker whose loop publishes to DIR (the stats_dir setting): "
+        "utilisation and its last minute, lag p50/p99, open connections, accepts and reads "
+        "per second, write buffer, accept strategy and rests; Jain's index of accepts "
+        "across the workers.  Ctrl-C quits.")
+    top.add_argument("directory", nargs="?", metavar="DIR",
+                     help=f"the pool's stats_dir (default: ${ENV_PREFIX}STATS_DIR)")
+    top.add_argument("--once", action="store_true", help="print the table once and exit")
+    top.add_argument("--json", action="store_true",
+                     help="print the workers and the pool once as JSON and exit (needs no rich)")
+    top.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between redraws (default: 1, the loops' publishing interval)")
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command != "top":
+            status = settings_report()
+            sys.stdout.flush()  # here, where a closed pipe is caught
+            return status
+        from . import _top
+
+        directory = args.directory or (
+            "" if sys.flags.ignore_environment else os.environ.get(f"{ENV_PREFIX}STATS_DIR", ""))
+        if not directory:
+            print(f"python -m asyncio_relaxed top: no directory; name one, or set "
+                  f"{ENV_PREFIX}STATS_DIR as the pool's loops have it", file=sys.stderr)
+            return 2
+        if not os.path.isdir(directory):
+            print(f"python -m asyncio_relaxed top: {directory!r} is not a directory (the "
+                  "pool's stats_dir)", file=sys.stderr)
+            return 2
+        status = _top.main(directory, once=args.once, as_json=args.json,
+                           interval=max(args.interval, 0.1))
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # The reader went away (| head): nothing more to say.  Point stdout
+        # at /dev/null so the interpreter's final flush raises nothing.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,9 @@ FlowControlMixin: Any = transports._FlowControlMixin
 
 TransportSocket: Any = trsock.TransportSocket
 SSLProtocol: Any = sslproto.SSLProtocol
+# Stock's stream transport, which a subclass of the loop may still make
+# (loop.gauges() counts its connections beside ours).
+StockSocketTransport: Any = _selector_events._SelectorSocketTransport
 
 # -- TLS: what the loop's own TLS transport takes from stock's sslproto ------------
 #

@@ -226,6 +226,16 @@ class Config:
             "connection. start_tls and TLS over TLS always go through stock's."
         ),
     )
+    stats_dir: str = _field(
+        "",
+        unit="directory",
+        why=(
+            "where the loop publishes its statistics, health and listeners once a "
+            "second, one file per process, for `python -m asyncio_relaxed top` and "
+            "asyncio_relaxed.metrics.PoolCollector to read a whole pre-forked pool; "
+            "empty (the default) publishes nothing and costs nothing."
+        ),
+    )
     read_size: int = _field(
         256 * 1024,
         unit="bytes",
@@ -314,6 +324,19 @@ def _parse_seconds(name: str) -> Callable[[str, Any], float]:
     return parse
 
 
+def _parse_directory(where: str, value: Any) -> str:
+    path = value.strip() if isinstance(value, str) else value
+    if path == "":
+        return ""
+    if (not isinstance(path, str) or not os.path.isdir(path)
+            or not os.access(path, os.W_OK | os.X_OK)):
+        raise ValueError(
+            f"{where}={value!r} is not a valid setting; allowed: an existing directory this "
+            "process can write (create it first), or empty to publish nothing"
+        )
+    return path
+
+
 def _parse_enum(kind: type[enum.Enum]) -> Callable[[str, Any], Any]:
     def parse(where: str, value: Any) -> Any:
         if isinstance(value, kind):
@@ -385,6 +408,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "time_metrics": _parse_bool,
     "slow_callback": _parse_seconds("slow_callback"),
     "tls": _parse_enum(TlsMode),
+    "stats_dir": _parse_directory,
     "read_size": _parse_int("read_size"),
 }
 assert set(_PARSERS) == {f.name for f in dataclasses.fields(Config)}

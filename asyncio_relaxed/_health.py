@@ -98,8 +98,8 @@ class Health:
     """The mutable time account of one loop (see the theory of operation),
     its two settings, and the slow-callback reports' limit and handler."""
 
-    __slots__ = ("busy", "handler", "idle", "lag", "last", "limit", "slow", "slow_callbacks",
-                 "timed")
+    __slots__ = ("busy", "handler", "idle", "lag", "last", "limit", "publisher", "slow",
+                 "slow_callbacks", "timed")
 
     def __init__(self, timed: bool = False, slow: float = 0.0) -> None:
         self.timed = timed  # the time_metrics setting
@@ -111,6 +111,7 @@ class Health:
         self.last: float | None = None  # when the last timed poll returned, while running
         self.lag = LagHistogram()
         self.slow_callbacks = 0  # callbacks over the slow_callback threshold
+        self.publisher: Any = None  # with stats_dir: the loop's _publish.Publisher
 
     def stretch_end(self) -> float:
         """time_metrics: a stretch ends (a poll that did not wait found

@@ -27,14 +27,15 @@ import ssl
 import time
 from typing import Any
 
-from . import _compat, _slow
-from ._accept import ListenerStatistics
+from . import _compat, _slow, _startup
+from ._accept import ListenerStatistics, accept_queue_length
 from ._config import Config, TlsMode, resolve
 from ._health import Health, HealthSnapshot
 from ._poller import MISSING, DeferredSelector, default_backend
+from ._publish import Publisher
 from ._serving import Serving
 from ._shared import TransportShared
-from ._stats import Counters, LoopStatistics
+from ._stats import Counters, LoopGauges, LoopStatistics
 from ._tls import SSLTransport
 from ._transport import SocketTransport
 
@@ -58,6 +59,9 @@ _INLINE_HANDLE = (_Handle,)
 _INLINE_NONE: tuple[type, ...] = ()
 _EVENT_READ = selectors.EVENT_READ  # module globals: one lookup less per event
 _EVENT_WRITE = selectors.EVENT_WRITE
+# What loop.gauges() counts as a connection, and as one carrying TLS.
+_STREAMS = (SocketTransport, _compat.StockSocketTransport)
+_STOCK_SSL = _compat.SSLProtocol
 
 # The poller's own select(): the loop polls through DeferredSelector.ready()
 # only while this is what the selector's select is (see _run_once).
@@ -128,8 +132,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # The listening sockets this loop serves (_serving, _accept).
         self._serving = Serving(self, config, stats, shared)
         # Time and lag accounts (with time_metrics), slow-callback reports.
-        self._health = Health(config.time_metrics, config.slow_callback)
+        self._health = health = Health(config.time_metrics, config.slow_callback)
         super().__init__(poller)
+        _startup.announce(config, poller.backend_name)
+        if config.stats_dir:
+            health.publisher = Publisher(self, config.stats_dir)
 
     @property
     def config(self) -> Config:
@@ -149,6 +156,27 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     def listener_statistics(self) -> list[ListenerStatistics]:
         """The counts of each listening socket this loop serves."""
         return [listener.statistics() for listener in self._serving.listeners.values()]
+
+    def gauges(self) -> LoopGauges:
+        """What this loop holds now (open connections, TLS among them, paused
+        readers and writers, bytes buffered for writing, listeners and their
+        pending accepts), counted from its transports and listeners when asked."""
+        connections = tls = reading_paused = writing_paused = buffered = 0
+        for transport in list(self._transports.values()):
+            if not isinstance(transport, _STREAMS) or transport._sock is None:
+                continue
+            connections += 1
+            if isinstance(transport, SSLTransport) or isinstance(transport._protocol, _STOCK_SSL):
+                tls += 1
+            if not transport.is_reading():
+                reading_paused += 1
+            if transport._protocol_paused:
+                writing_paused += 1
+            buffered += transport.get_write_buffer_size()
+        listeners = list(self._serving.listeners.values())
+        pending = sum(accept_queue_length(listener.sock) or 0 for listener in listeners)
+        return LoopGauges(connections, tls, reading_paused, writing_paused, buffered,
+                          len(listeners), pending)
 
     def set_slow_callback_handler(self, handler: Any) -> None:
         """Call ``handler(loop, report)`` for each slow callback report (a
@@ -268,6 +296,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if self._shared:
                 self._shared.flush(include_feeds=True)
             self._serving.close()
+        publisher = self._health.publisher
+        if publisher is not None and not self.is_running():
+            publisher.close()
         super().close()
 
     # -- transports ---------------------------------------------------------

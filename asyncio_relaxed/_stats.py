@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["COUNTERS", "Counters", "LoopStatistics"]
+__all__ = ["COUNTERS", "GAUGES", "Counters", "LoopGauges", "LoopStatistics"]
 
 #: Counter name -> what it counts.  The order is the order of the snapshot.
 COUNTERS: dict[str, str] = {
     "iterations": "loop iterations (_run_once calls)",
     "events": "ready (fd, mask) pairs returned by the poller",
     "callbacks": "callbacks (handles) run",
-    "poll_waits": "calls into the kernel poller (epoll_wait, poll, select)",
+    "poll_waits": (
+        "calls into the kernel poller (epoll_wait, poll, select); above iterations with "
+        "time_metrics on, whose iterations that may wait poll once without waiting first "
+        "and read the clock only if that found nothing"
+    ),
     "epoll_ctl_add": "interest registrations sent to the kernel (EPOLL_CTL_ADD or equivalent)",
     "epoll_ctl_mod": "interest changes sent to the kernel (EPOLL_CTL_MOD or equivalent)",
     "epoll_ctl_del": "interest removals sent to the kernel (EPOLL_CTL_DEL or equivalent)",
@@ -150,3 +154,38 @@ class LoopStatistics:
 
 
 assert [f.name for f in dataclasses.fields(LoopStatistics)][1:] == list(COUNTERS)
+
+
+#: Gauge name -> what it measures now.  The order is the order of the snapshot.
+GAUGES: dict[str, str] = {
+    "connections": "open stream connections (TCP and Unix, TLS included)",
+    "tls_connections": "open connections that carry TLS (either tls setting)",
+    "reading_paused": "open connections whose reading is paused (pause_reading)",
+    "writing_paused": "open connections whose protocol was told to pause writing",
+    "write_buffer_bytes": "bytes the open connections hold for writing",
+    "listeners": "listening sockets the loop serves",
+    "pending_accepts": (
+        "connections waiting in the listeners' accept queues (Linux TCP), read now"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopGauges:
+    """What a loop holds at one moment (``loop.gauges()``); see
+    :data:`GAUGES` for each field.  Counted when asked, from the loop's
+    transports and listeners: nothing is kept up to date per connection."""
+
+    connections: int = 0
+    tls_connections: int = 0
+    reading_paused: int = 0
+    writing_paused: int = 0
+    write_buffer_bytes: int = 0
+    listeners: int = 0
+    pending_accepts: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+assert [f.name for f in dataclasses.fields(LoopGauges)] == list(GAUGES)

@@ -49,7 +49,7 @@ try:
 except ImportError as exc:  # optional peer
     raise ImportError(
         "asyncio_relaxed.gunicorn holds gunicorn worker classes and needs gunicorn, "
-        "which is not installed; install it with: pip install 'asyncio-relaxed[gunicorn]'"
+        "which is not installed; install it with: pip install 'gunicorn>=22.0'"
     ) from exc
 
 __all__ = ["UVICORN_LOOP", "GunicornWebWorker", "UvicornWorker"]
@@ -86,7 +86,7 @@ def _build_aiohttp_worker() -> type:
         raise ImportError(
             "asyncio_relaxed.gunicorn.GunicornWebWorker serves aiohttp applications and "
             "needs aiohttp, which is not installed; install it with: "
-            "pip install 'asyncio-relaxed[aiohttp]'"
+            "pip install 'aiohttp>=3.9'"
         ) from exc
 
     class GunicornWebWorker(aiohttp_worker.GunicornWebWorker):  # type: ignore[misc, unused-ignore]

@@ -1,14 +1,19 @@
 """A loop's counters and health as metrics, for Prometheus and OpenTelemetry.
 
-Prometheus (``pip install 'asyncio-relaxed[prometheus]'``)::
+Prometheus (``pip install prometheus-client``, or the ``prometheus`` extra)::
 
     from prometheus_client import REGISTRY, generate_latest
     REGISTRY.register(asyncio_relaxed.metrics.PrometheusCollector(loop))
     generate_latest(REGISTRY)        # the text a /metrics handler serves
 
-OpenTelemetry (``pip install 'asyncio-relaxed[otel]'``)::
+OpenTelemetry (``pip install opentelemetry-api``, or the ``otel`` extra)::
 
     asyncio_relaxed.metrics.observe(loop)   # observable instruments on the global meter
+
+A pre-forked pool in one scrape: each worker's loop publishes to its
+``stats_dir`` (asyncio_relaxed/_publish.py), and any process reads them all::
+
+    REGISTRY.register(asyncio_relaxed.metrics.PoolCollector("/run/myapp-loops"))
 
 The same families either way, read from ``loop.statistics()``,
 ``loop.health()`` and ``loop.listener_statistics()`` when the exporter asks
@@ -27,13 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from . import pool
 from ._health import LAG_BOUNDS
-from ._stats import COUNTERS
+from ._publish import document
+from ._stats import COUNTERS, GAUGES
 
-__all__ = ["Family", "PrometheusCollector", "families", "observe"]
+__all__ = ["Family", "PoolCollector", "PrometheusCollector", "families", "observe",
+           "pool_families", "snapshot_families"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +50,7 @@ class Family:
     value is (cumulative bucket counts by upper bound, sum)."""
 
     name: str  # without the _total of a counter, with its unit
-    kind: str  # "counter", "gauge" or "histogram"
+    kind: str  # "counter", "gauge", "histogram" or "info" (value: a dict of labels)
     documentation: str
     unit: str  # "seconds", "" (a count)
     samples: list[tuple[dict[str, str], Any]]
@@ -66,46 +74,59 @@ _PREFIX = "asyncio_relaxed_"
 def families(loop: Any, labels: Mapping[str, str] | None = None) -> list[Family]:
     """Every family of *loop* now; each sample labelled with *labels* and
     the process id."""
-    base = {"pid": str(os.getpid()), **(labels or {})}
-    stats = loop.statistics()
-    health = loop.health()
-    out = [
-        Family(_PREFIX + name, "counter", COUNTERS[counter], "", [(base, getattr(stats, counter))])
+    return snapshot_families(document(loop), {"pid": str(os.getpid()), **(labels or {})})
+
+
+def snapshot_families(snapshot: Mapping[str, Any], base: Mapping[str, str]) -> list[Family]:
+    """Every family of one loop's snapshot (``_publish.document``, or a file
+    a pool's worker published), each sample labelled with *base*."""
+    base = dict(base)
+    stats = snapshot["statistics"]
+    health = snapshot["health"]
+    settings = snapshot["settings"]
+    out = [Family(_PREFIX + "info", "info", "the loop: version, Python, backend, settings", "",
+                  [(base, {"version": snapshot["version"], "python": snapshot["python"],
+                           "backend": snapshot["backend"],
+                           **{name: settings[name] for name in _INFO_SETTINGS}})])]
+    out += [
+        Family(_PREFIX + name, "counter", COUNTERS[counter], "", [(base, stats[counter])])
         for counter, name in _OWN.items()
     ]
     out.append(Family(_PREFIX + "syscalls", "counter",
                       "system calls the loop made, by call",
-                      "", [({**base, "call": call}, getattr(stats, counter))
+                      "", [({**base, "call": call}, stats[counter])
                            for counter, call in _SYSCALLS.items()]))
     out.append(Family(_PREFIX + "syscalls_would_block", "counter",
                       "system calls that found nothing to do (EAGAIN), by call",
-                      "", [({**base, "call": call}, getattr(stats, counter))
+                      "", [({**base, "call": call}, stats[counter])
                            for counter, call in _WOULD_BLOCK.items()]))
     out.append(Family(_PREFIX + "slow_callbacks", "counter",
                       "callbacks that ran longer than the slow_callback setting",
-                      "", [(base, health.slow_callbacks)]))
-    if health.time_metrics:
+                      "", [(base, health["slow_callbacks"])]))
+    out += [Family(_PREFIX + name, "gauge", GAUGES[gauge], "", [(base, snapshot["gauges"][gauge])])
+            for gauge, name in _GAUGES.items()]
+    if health["time_metrics"]:
         out.append(Family(_PREFIX + "busy_seconds", "counter",
                           "time the loop spent between polls (callbacks, writes, timers)",
-                          "seconds", [(base, health.busy_time)]))
+                          "seconds", [(base, health["busy_time"])]))
         out.append(Family(_PREFIX + "idle_seconds", "counter",
                           "time the loop spent blocked in the poll", "seconds",
-                          [(base, health.idle_time)]))
+                          [(base, health["idle_time"])]))
         cumulative, buckets = 0, []
-        for bound, count in zip(LAG_BOUNDS, health.lag_buckets, strict=True):
+        for bound, count in zip(LAG_BOUNDS, health["lag_buckets"], strict=True):
             cumulative += count
             buckets.append((bound, cumulative))
         out.append(Family(_PREFIX + "lag_seconds", "histogram",
                           "how late ready work and due timers ran", "seconds",
-                          [(base, (buckets, health.lag_sum))]))
-    listeners = loop.listener_statistics()
+                          [(base, (buckets, health["lag_sum"]))]))
+    listeners = snapshot["listeners"]
     for name, kind, doc, unit, field in _LISTENER_FAMILIES:
         samples = []
         for listener in listeners:
-            value = getattr(listener, field)
+            value = listener[field]
             if value is not None:
-                samples.append(({**base, "listener": _address(listener.address),
-                                 "strategy": listener.strategy}, value))
+                samples.append(({**base, "listener": listener["address"],
+                                 "strategy": listener["strategy"]}, value))
         if samples:
             out.append(Family(_PREFIX + name, kind, doc, unit, samples))
     return out
@@ -122,14 +143,16 @@ _LISTENER_FAMILIES = (
     ("accept_rest_seconds", "counter", "scheduled time of accept=balanced rests", "seconds",
      "rest_seconds"),
 )
-
-
-def _address(address: Any) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(address)
-
+# The settings the info metric carries as labels: those that change behaviour.
+_INFO_SETTINGS = ("write", "partial_write", "accept", "exclusive_accept", "tls", "poller",
+                  "time_metrics")
+# Gauges (see asyncio_relaxed.GAUGES), each a family of its own.
+_GAUGES = {"connections": "open_connections", "tls_connections": "open_tls_connections",
+           "reading_paused": "reading_paused_connections",
+           "writing_paused": "writing_paused_connections",
+           "write_buffer_bytes": "write_buffer_bytes", "listeners": "listeners",
+           "pending_accepts": "pending_accepts"}
+assert set(_GAUGES) == set(GAUGES)
 
 class PrometheusCollector:
     """A prometheus_client collector of one loop's :func:`families`;
@@ -140,29 +163,118 @@ class PrometheusCollector:
         self.labels = dict(labels or {})
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        for family in families(self.loop, self.labels):
-            names = list(family.samples[0][0])
-            if family.kind == "histogram":
-                metric: Any = HistogramMetricFamily(family.name, family.documentation,
-                                                    labels=names, unit=family.unit)
-                for labels, (buckets, total) in family.samples:
-                    metric.add_metric([labels[n] for n in names],
-                                      [(_le(bound), count) for bound, count in buckets], total)
-            else:
-                kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
-                metric = kind(family.name, family.documentation, labels=names, unit=family.unit)
-                for labels, value in family.samples:
-                    metric.add_metric([labels[n] for n in names], value)
-            yield metric
+        return _prometheus(families(self.loop, self.labels))
 
     def describe(self) -> list[Any]:
         return []  # families vary with the loop's settings and listeners
+
+
+class PoolCollector:
+    """A prometheus_client collector of every live worker of a pool: the
+    snapshots in *directory* (the loops' ``stats_dir`` setting), read at
+    each scrape, so any one worker, or a process beside them, serves the
+    whole pool's ``/metrics``::
+
+        REGISTRY.register(asyncio_relaxed.metrics.PoolCollector("/run/myapp-loops"))
+
+    See :func:`pool_families` for what it exports."""
+
+    def __init__(self, directory: str, labels: Mapping[str, str] | None = None) -> None:
+        self.directory = directory
+        self.labels = dict(labels or {})
+
+    def collect(self) -> Iterator[Any]:
+        return _prometheus(pool_families(pool.read(self.directory), self.labels))
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+def pool_families(workers: Sequence[pool.Worker],
+                  labels: Mapping[str, str] | None = None) -> list[Family]:
+    """Each worker's families labelled with its ``pid``, the age of its
+    snapshot (``asyncio_relaxed_snapshot_age_seconds``), and the pool's sums
+    where they add up, as ``asyncio_relaxed_pool_*`` without a pid: every
+    counter, the lag histogram, the gauges but for the accept queue (which
+    the workers share, so each sees all of it), and the number of live and
+    stale workers.  A worker that exits takes its share out of the sums:
+    rates over the pool are ``sum(rate(x[1m]))`` of the per-worker series."""
+    extra = dict(labels or {})
+    merged: dict[str, Family] = {}
+    out: list[Family] = []
+    for worker in workers:
+        base = {"pid": str(worker.pid), **extra}
+        for family in snapshot_families(worker.snapshot, base):
+            known = merged.get(family.name)
+            if known is None:
+                merged[family.name] = family
+                out.append(family)
+            else:
+                known.samples.extend(family.samples)
+    out.append(Family(_PREFIX + "snapshot_age_seconds", "gauge",
+                      "seconds since the worker's loop last published its snapshot", "seconds",
+                      [({"pid": str(worker.pid), **extra}, worker.age) for worker in workers]))
+    sums = [Family(_PREFIX + "pool_workers", "gauge",
+                   "workers whose snapshot is in the directory", "", [(extra, len(workers))]),
+            Family(_PREFIX + "pool_stale_workers", "gauge",
+                   f"workers whose snapshot is older than {pool.STALE_AFTER:g} s (blocked or "
+                   "stopped loops)", "", [(extra, sum(w.stale for w in workers))])]
+    for family in out:
+        if family.kind == "info" or family.name in _NOT_ADDITIVE:
+            continue
+        totals: dict[tuple[tuple[str, str], ...], Any] = {}
+        for sample_labels, value in family.samples:
+            key = tuple((k, v) for k, v in sample_labels.items() if k != "pid")
+            totals[key] = value if key not in totals else _add(totals[key], value)
+        sums.append(Family(_PREFIX + "pool_" + family.name[len(_PREFIX):], family.kind,
+                           f"{family.documentation}, summed over the pool's workers",
+                           family.unit, [(dict(key), value) for key, value in totals.items()]))
+    return out + sums
+
+
+# Per-worker families whose sum over the workers means nothing: the accept
+# queue the workers share (each reads all of it) and the snapshots' ages.
+_NOT_ADDITIVE = frozenset({_PREFIX + "accept_queue_length", _PREFIX + "accept_queue_length_max",
+                           _PREFIX + "pending_accepts", _PREFIX + "snapshot_age_seconds"})
+
+
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, tuple):  # a histogram: (cumulative buckets, sum)
+        buckets = [(bound, x + y) for (bound, x), (_b, y) in zip(a[0], b[0], strict=True)]
+        return (buckets, a[1] + b[1])
+    return a + b
+
+
+def _prometheus(families: list[Family]) -> Iterator[Any]:
+    """prometheus_client metric families of ours."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+    )
+
+    for family in families:
+        if not family.samples:
+            continue
+        names = list(family.samples[0][0])
+        if family.kind == "histogram":
+            metric: Any = HistogramMetricFamily(family.name, family.documentation,
+                                                labels=names, unit=family.unit)
+            for labels, (buckets, total) in family.samples:
+                metric.add_metric([labels[n] for n in names],
+                                  [(_le(bound), count) for bound, count in buckets], total)
+        elif family.kind == "info":
+            metric = InfoMetricFamily(family.name.removesuffix("_info"), family.documentation,
+                                      labels=names)
+            for labels, value in family.samples:
+                metric.add_metric([labels[n] for n in names], value)
+        else:
+            kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+            metric = kind(family.name, family.documentation, labels=names, unit=family.unit)
+            for labels, value in family.samples:
+                metric.add_metric([labels[n] for n in names], value)
+        yield metric
 
 
 def _le(bound: float) -> str:
@@ -184,6 +296,11 @@ def observe(loop: Any, meter: Any = None, attributes: Mapping[str, str] | None =
     for family in families(loop, extra):
         name = "asyncio_relaxed." + family.name[len(_PREFIX):]  # asyncio_relaxed.iterations
         unit = "s" if family.unit == "seconds" else "1"
+        if family.kind == "info":
+            instruments.append(meter.create_observable_gauge(
+                name, callbacks=[_family_callback(loop, family.name, extra, otel)], unit="1",
+                description=family.documentation))
+            continue
         if family.kind == "histogram":
             for label, pick in (("p50", "lag_p50"), ("p99", "lag_p99"), ("max", "lag_max")):
                 instruments.append(meter.create_observable_gauge(
@@ -202,6 +319,9 @@ def _family_callback(loop: Any, name: str, extra: dict[str, str], otel: Any) -> 
     def callback(options: Any) -> list[Any]:
         for family in families(loop, extra):
             if family.name == name:
+                if family.kind == "info":  # 1, the facts as attributes
+                    return [otel.Observation(1, {**labels, **value})
+                            for labels, value in family.samples]
                 return [otel.Observation(value, labels) for labels, value in family.samples]
         return []
     return callback

@@ -8,20 +8,26 @@ Serve on one loop (Ctrl-C or SIGTERM stops it gracefully)::
     curl localhost:8080/metrics      # Prometheus text (pip install prometheus-client)
 
 Serve under gunicorn, each worker making its own loop after the fork
-(settings through gunicorn's raw_env, ``-e``)::
+(settings through gunicorn's raw_env, ``-e``), from the checkout's root
+(gunicorn imports this file as ``examples.http_server``)::
 
-    gunicorn 'examples.http_server:create_app' --workers 2 --bind 127.0.0.1:8080 \\
+    mkdir -p /tmp/pool
+    gunicorn 'examples.http_server:create_app' --workers 4 --bind 127.0.0.1:8080 \\
         --worker-class asyncio_relaxed.gunicorn.GunicornWebWorker \\
-        -e ASYNCIO_RELAXED_WRITE=deferred
+        -e ASYNCIO_RELAXED_ACCEPT=balanced -e ASYNCIO_RELAXED_STATS_DIR=/tmp/pool
+    python -m asyncio_relaxed top /tmp/pool      # every worker, live
+    curl localhost:8080/metrics                  # every worker, one scrape
 
 Routes: ``GET /`` says hello; ``GET /4k`` returns 4 KiB; ``POST /echo``
 returns its JSON body; ``GET /stats`` returns the loop's name, the process id
-and, on asyncio_relaxed's loop, its settings and ``statistics()``; ``GET
-/metrics`` the loop's counters and health in Prometheus' text format
-(``asyncio_relaxed.metrics``; each sample labelled with the worker's pid
-under gunicorn).  Every response carries ``X-Event-Loop``.  With ``--port 0``
-the system picks a free port; the first line printed is ``{"listening":
-PORT, "loop": NAME}``.
+and, on asyncio_relaxed's loop, its settings, ``statistics()``, ``health()``
+(with utilisation and lag p50/p99 since the loop was made), ``gauges()`` and
+``listener_statistics()``; ``GET /metrics`` the loop's counters, gauges and
+health in Prometheus' text format (``asyncio_relaxed.metrics``; each sample
+labelled with the worker's pid), and with ``ASYNCIO_RELAXED_STATS_DIR`` set
+every worker's of the pool at once, whichever worker answers.  Every
+response carries ``X-Event-Loop``.  With ``--port 0`` the system picks a
+free port; the first line printed is ``{"listening": PORT, "loop": NAME}``.
 """
 
 from __future__ import annotations
@@ -56,6 +62,14 @@ def loop_report(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
             field.name: _plain(getattr(config, field.name)) for field in dataclasses.fields(config)
         }
         report["statistics"] = loop.statistics().as_dict()
+        health = loop.health()
+        report["health"] = {**health.as_dict(), "utilisation": health.utilisation(),
+                            "lag_p50": health.lag_p50, "lag_p99": health.lag_p99}
+        report["gauges"] = loop.gauges().as_dict()
+        report["listeners"] = [
+            {**dataclasses.asdict(listener), "address": str(listener.address)}
+            for listener in loop.listener_statistics()
+        ]
     return report
 
 
@@ -94,11 +108,14 @@ async def metrics(request: web.Request) -> web.Response:
         import prometheus_client
     except ImportError:
         raise web.HTTPNotImplemented(text="/metrics needs prometheus-client: "
-                                          "pip install 'asyncio-relaxed[prometheus]'\n") from None
-    from asyncio_relaxed.metrics import PrometheusCollector
+                                          "pip install prometheus-client\n") from None
+    from asyncio_relaxed.metrics import PoolCollector, PrometheusCollector
 
+    # With stats_dir (a pool's loops publishing there), any worker serves
+    # every worker's series in one scrape; else this loop's.
     registry = prometheus_client.CollectorRegistry()
-    registry.register(PrometheusCollector(loop))
+    stats_dir = loop.config.stats_dir
+    registry.register(PoolCollector(stats_dir) if stats_dir else PrometheusCollector(loop))
     return web.Response(body=prometheus_client.generate_latest(registry),
                         headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
@@ -152,6 +169,11 @@ def main(argv: list[str] | None = None) -> None:
         help="relaxed short-write policy (default: ASYNCIO_RELAXED_PARTIAL_WRITE, else poll)",
     )
     parser.add_argument(
+        "--stats-dir",
+        help="publish the loop's statistics there for `python -m asyncio_relaxed top` and "
+        "/metrics (default: ASYNCIO_RELAXED_STATS_DIR, else none)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
@@ -159,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     loop = loop_factory(parser, args.loop, write=args.write,
-                        partial_write=args.partial_write)()
+                        partial_write=args.partial_write, stats_dir=args.stats_dir)()
     sock = listen(args.host, args.port, args.backlog)
     print(json.dumps({"listening": sock.getsockname()[1], "loop": loop_name(loop)}), flush=True)
     # run_app installs SIGINT and SIGTERM handlers on the loop (GracefulExit):

@@ -13,6 +13,12 @@ even, 1/n is one worker taking everything)::
 
 With --load N the parent itself connects N times, one connection at a time
 (one request each), then stops the workers; without it, serve until Ctrl-C.
+With --stats-dir DIR (or ASYNCIO_RELAXED_STATS_DIR) every worker's loop
+publishes its statistics there: watch the pool with
+``python -m asyncio_relaxed top DIR``::
+
+    mkdir -p /tmp/pool
+    python examples/prefork_server.py --workers 4 --accept balanced --stats-dir /tmp/pool
 """
 
 from __future__ import annotations
@@ -84,13 +90,16 @@ def main() -> None:
     parser.add_argument("--accept", choices=("batch", "single", "relaxed", "balanced"),
                         help="relaxed accept strategy (default: ASYNCIO_RELAXED_ACCEPT or batch)")
     parser.add_argument("--write", choices=("eager", "deferred"), help="relaxed write mode")
+    parser.add_argument("--stats-dir", help="every worker's loop publishes its statistics "
+                        "there (default: ASYNCIO_RELAXED_STATS_DIR, else none)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090, help="0 picks a free port")
     parser.add_argument("--load", type=int, default=0,
                         help="connect this many times, one at a time, then stop and report")
     args = parser.parse_args()
-    factory = loop_factory(parser, args.loop, write=args.write, accept=args.accept)
+    factory = loop_factory(parser, args.loop, write=args.write, accept=args.accept,
+                           stats_dir=args.stats_dir)
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # listening socket only

@@ -43,6 +43,7 @@ DEFAULTS = {
     "time_metrics": True,
     "slow_callback": 0.0,
     "tls": TlsMode.OWN,
+    "stats_dir": "",
     "read_size": 256 * 1024,
 }
 
@@ -61,6 +62,7 @@ ENV_NAMES = {
     "time_metrics": "ASYNCIO_RELAXED_TIME_METRICS",
     "slow_callback": "ASYNCIO_RELAXED_SLOW_CALLBACK",
     "tls": "ASYNCIO_RELAXED_TLS",
+    "stats_dir": "ASYNCIO_RELAXED_STATS_DIR",
     "read_size": "ASYNCIO_RELAXED_READ_SIZE",
 }
 
@@ -80,6 +82,8 @@ NON_DEFAULT = {
     "time_metrics": ("off", False),
     "slow_callback": ("0.25", 0.25),
     "tls": ("stock", TlsMode.STOCK),
+    # A directory that exists wherever the suite runs (this file's own).
+    "stats_dir": (str(pathlib.Path(__file__).parent), str(pathlib.Path(__file__).parent)),
     "read_size": ("2048", 2048),
 }
 
@@ -98,6 +102,8 @@ ALLOWED = {
     "time_metrics": "1|true|yes|on|0|false|no|off",
     "slow_callback": "a number of seconds from 0 to 3600 (0 turns it off)",
     "tls": "own|stock",
+    "stats_dir": "an existing directory this process can write (create it first), or empty "
+                 "to publish nothing",
     "read_size": "an integer from 1024 to 16777216",
 }
 
@@ -137,6 +143,9 @@ BAD_VALUES = [
     ("slow_callback", "nan"),
     ("slow_callback", "100ms"),
     ("slow_callback", True),
+    ("stats_dir", "/nonexistent/asyncio-relaxed"),
+    ("stats_dir", __file__),  # a file, not a directory
+    ("stats_dir", 5),
 ]
 
 
@@ -398,6 +407,7 @@ def test_describe_has_a_row_per_field() -> None:
         "time_metrics": "flag",
         "tls": "mode",
         "slow_callback": "seconds",
+        "stats_dir": "directory",
         "read_size": "bytes",
     }
     for name, var, value, unit, why in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -279,11 +280,13 @@ def test_python_m_prints_settings_and_their_source() -> None:
     for name, line in rows.items():
         default = getattr(defaults, name)
         shown = set_here.get(name, ("on" if default else "off") if isinstance(default, bool)
-                             else str(default))
+                             else str(default) or "(none)")
         assert line[starts[0]:].startswith("ASYNCIO_RELAXED_" + name.upper() + " "), line
         assert line[starts[1] - 1] == " " and line[starts[1]:].split()[0] == shown, line
         assert line[starts[2]:] == ("environment" if name in set_here else "default"), line
-    assert "ASYNCIO_RELAXED_WRTIE is not a setting" in out.stdout
+    assert ("ASYNCIO_RELAXED_WRTIE is not a setting of asyncio_relaxed "
+            f"{asyncio_relaxed.__version__}; ignored (did you mean ASYNCIO_RELAXED_WRITE?)"
+            in out.stdout)
     assert "IOV_MAX" in out.stdout
 
 
@@ -294,3 +297,70 @@ def test_python_m_reports_an_invalid_setting() -> None:
     )
     assert out.returncode == 2
     assert "ASYNCIO_RELAXED_FEED_LIMIT='-3'" in out.stdout
+
+
+def test_python_m_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "asyncio_relaxed", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m asyncio_relaxed")
+    assert "top" in out.stdout and "every setting" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "asyncio_relaxed", "top", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "--json" in out.stdout and "DIR" in out.stdout
+
+
+def test_python_m_into_a_closed_pipe_ends_quietly() -> None:
+    """`python -m asyncio_relaxed | head -n 3`: the reader goes away first."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command writes a byte
+    try:
+        out = subprocess.run([sys.executable, "-m", "asyncio_relaxed"], stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 0
+    assert out.stderr == ""
+
+
+def test_python_m_top_needs_a_directory(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCIO_RELAXED_")}
+    out = subprocess.run([sys.executable, "-m", "asyncio_relaxed", "top", "--json"],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "ASYNCIO_RELAXED_STATS_DIR" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "asyncio_relaxed", "top", str(tmp_path / "x")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "is not a directory" in out.stderr
+
+
+def test_python_m_top_once(tmp_path: Any) -> None:
+    """One snapshot, as JSON and as the table, of a loop publishing here."""
+    loop = asyncio_relaxed.new_event_loop(stats_dir=str(tmp_path), accept="single")
+    try:
+        env = {**os.environ, "ASYNCIO_RELAXED_STATS_DIR": str(tmp_path), "COLUMNS": "200"}
+        out = subprocess.run([sys.executable, "-m", "asyncio_relaxed", "top", "--json"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        document = json.loads(out.stdout)
+        (row,) = document["workers"]
+        assert row["pid"] == os.getpid() and row["accept"] == "single"
+        assert row["connections"] == 0 and not row["stale"]
+        assert document["pool"]["workers"] == 1
+        pytest.importorskip("rich")
+        out = subprocess.run([sys.executable, "-m", "asyncio_relaxed", "top", "--once"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (line,) = [line for line in out.stdout.splitlines() if f" {os.getpid()} " in line]
+        assert "single" in line
+        assert "1 workers (0 stale)" in out.stdout
+    finally:
+        loop.close()
+
+
+def test_metrics_and_pool_are_reachable_after_import_without_their_peers() -> None:
+    code = ("import sys, asyncio_relaxed\n"
+            "assert asyncio_relaxed.metrics.PoolCollector and asyncio_relaxed.pool.read\n"
+            "assert not {'prometheus_client', 'opentelemetry', 'rich'} & set(sys.modules), "
+            "sorted(sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -36,17 +36,22 @@ ALLOWED = {
                  "_transport"},
     "_health": set(),
     "_slow": {"_compat"},
-    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_serving", "_shared",
-              "_slow", "_stats", "_tls", "_transport"},
+    "_version": set(),
+    "_startup": {"_config", "_version"},
+    "_publish": {"_startup", "_stats", "_version"},
+    "_loop": {"_accept", "_compat", "_config", "_health", "_poller", "_publish", "_serving",
+              "_shared", "_slow", "_startup", "_stats", "_tls", "_transport"},
     "_policy": {"_compat", "_config", "_loop"},
     "__init__": {"_accept", "_compat", "_config", "_health", "_loop", "_policy", "_slow",
-                 "_stats"},
-    "metrics": {"_health", "_stats"},
-    "__main__": {"__init__", "_config"},
+                 "_stats", "_version"},
+    "pool": {"_publish"},
+    "metrics": {"_health", "_publish", "_stats", "pool"},
+    "_top": {"_publish", "pool"},
+    "__main__": {"_config", "_startup", "_top", "_version"},
     "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
 BOTTOM = {"_config", "_stats", "_interest", "_backends", "_poller", "_writes", "_sockets",
-          "_shared", "_accept", "_health"}
+          "_shared", "_accept", "_health", "_startup", "_publish", "pool", "_top"}
 
 
 def imports(path: pathlib.Path) -> tuple[set[str], set[str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from conftest import run
+from conftest import run, stalled_pair
 
 
 @pytest.mark.parametrize("direction", ["reader", "writer"])
@@ -444,3 +445,64 @@ def test_the_loop_keeps_within_cpythons_shared_keys() -> None:
     finally:
         loop.close()
     assert len(vars(loop)) <= 30, sorted(vars(loop))
+
+
+@pytest.mark.parametrize("tls_mode", ["own", "stock"])
+def test_gauges_count_what_the_loop_holds(tls_mode: str,
+                                          tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    """loop.gauges(): open connections (TLS among them, either tls setting),
+    paused readers and writers, bytes held for writing, listeners and the
+    connections waiting in their accept queues."""
+    server_context, client_context = tls
+    loop = asyncio_relaxed.new_event_loop(tls=tls_mode)
+    transports: list[asyncio.Transport] = []
+
+    class Keep(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transports.append(transport)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        plain = await loop.create_server(Keep, "127.0.0.1", 0, backlog=16)
+        secure = await loop.create_server(Keep, "127.0.0.1", 0, ssl=server_context)
+        assert loop.gauges() == asyncio_relaxed.LoopGauges(listeners=2)
+        stalled, peer = stalled_pair()
+        writer, _ = await loop.connect_accepted_socket(Keep, stalled)
+        writer.set_write_buffer_limits(high=1024)
+        writer.write(b"x" * 1_000_000)
+        _r, tls_writer = await asyncio.open_connection(
+            "127.0.0.1", secure.sockets[0].getsockname()[1], ssl=client_context,
+            server_hostname="localhost")
+        reader_paused, _ = await loop.create_connection(
+            asyncio.Protocol, "127.0.0.1", plain.sockets[0].getsockname()[1])
+        reader_paused.pause_reading()
+        while len(transports) < 3:  # the stalled end, the TLS and the plain server sides
+            await asyncio.sleep(0.01)
+        gauges = loop.gauges()
+        buffered = writer.get_write_buffer_size()
+        assert buffered > 0
+        expected = asyncio_relaxed.LoopGauges(
+            connections=5,  # the stalled end; TLS client and server; plain client and server
+            tls_connections=2, reading_paused=1, writing_paused=1,
+            write_buffer_bytes=buffered, listeners=2)  # the others hold nothing
+        assert gauges == expected
+        # Connections waiting in the plain listener's accept queue while
+        # the loop does not run to accept them.
+        waiting = [socket.create_connection(plain.sockets[0].getsockname()) for _ in range(3)]
+        if sys.platform.startswith("linux"):
+            assert loop.gauges().pending_accepts == 3
+        for transport in (writer, reader_paused, *transports):
+            transport.abort()
+        tls_writer.transport.abort()
+        for sock in (peer, *waiting):
+            sock.close()
+        plain.close()
+        secure.close()
+        await asyncio.sleep(0.05)
+        await plain.wait_closed()
+        await secure.wait_closed()
+
+    try:
+        run(loop, main())
+        assert loop.gauges().connections == 0
+    finally:
+        loop.close()
