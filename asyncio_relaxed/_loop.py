@@ -136,7 +136,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         super().__init__(poller)
         _startup.announce(config, poller.backend_name)
         if config.stats_dir:
-            health.publisher = Publisher(self, config.stats_dir)
+            publisher = Publisher(self, config.stats_dir)
+            if publisher.active:  # (not when another loop of the process publishes)
+                health.publisher = publisher
 
     @property
     def config(self) -> Config:
@@ -376,6 +378,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         found = selector.select(0)
         if (not found and timeout != 0) or not self._shared.stats.iterations & _STRETCH_MASK:
             waited = health.stretch_end()
+            if health.publisher is not None:
+                timeout = health.publisher.due(waited, timeout)
             if not found and timeout != 0:
                 found = selector.select(timeout)
                 health.waited(waited)
@@ -385,6 +389,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         """time_metrics: the stretch ends, then the wait, timed as idle (see _health)."""
         health = self._health
         waited = health.stretch_end()
+        if health.publisher is not None:
+            timeout = health.publisher.due(waited, timeout)
         rest = self._selector.ready_readers(timeout, self._ready)
         health.waited(waited)
         return rest
@@ -474,7 +480,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if timeout == 0 or not health.timed:
                 rest = selector.ready_readers(timeout, ready)
                 if health.timed and not stats.iterations & _STRETCH_MASK:
-                    health.stretch_end()  # a loop that never waits
+                    now = health.stretch_end()  # a loop that never waits
+                    if health.publisher is not None:
+                        health.publisher.due(now, 0)
             else:
                 # time_metrics and the loop may wait: a poll that does not
                 # wait first, then the timed wait only if it found nothing.

@@ -23,6 +23,13 @@ one file per process.
   process started later (the start time is in the file, from
   ``/proc/<pid>/stat``), as ``prometheus_client.multiprocess.mark_process_dead``
   does for its files; a new publisher sweeps the directory once the same way.
+* With ``time_metrics`` on (the default) the loop reads the clock before it
+  waits anyway (asyncio_relaxed/_health.py): there it asks :meth:`Publisher.due`,
+  which publishes when the interval is over and shortens the wait to the
+  next publish, so an idle loop publishes too and a busy one pays no clock
+  read and no timer of its own.  Without ``time_metrics`` a timer of the
+  loop's publishes (``call_later``), and any timer in the loop's heap costs
+  the clock reads of stock's iteration.
 * The snapshot is taken on the loop's thread, between callbacks.  The
   loop's counters are plain integers and cost nothing to read; the gauges
   walk the loop's transports, about a microsecond per connection, once a
@@ -46,7 +53,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._startup import server_logger, token
-from ._stats import COUNTERS
+from ._stats import COUNTERS, GAUGES
 from ._version import __version__
 
 __all__ = ["FORMAT", "HISTORY", "INTERVAL", "Publisher", "alive", "document", "format_address",
@@ -157,13 +164,14 @@ def document(loop: Any, known: dict[str, Any] | None = None, stats: Any = None,
     stats = loop.statistics() if stats is None else stats
     health = loop.health() if health is None else health
     counters = {name: getattr(stats, name) for name in COUNTERS}
+    gauges = loop.gauges()
     times = {name: getattr(health, name) for name in _HEALTH_FIELDS}
     return {
         **(facts(loop) if known is None else known),
         "time": time.time(),
         "statistics": counters,
         "health": times,
-        "gauges": loop.gauges().as_dict(),
+        "gauges": {name: getattr(gauges, name) for name in GAUGES},
         "listeners": [
             {"address": format_address(listener.address), "strategy": listener.strategy,
              "state": listener.state, "accepted": listener.accepted,
@@ -185,8 +193,8 @@ class Publisher:
     """Writes one loop's snapshot to its directory (theory of operation above)."""
 
     __slots__ = ("accepted", "active", "directory", "facts", "failed", "history_accepts",
-                 "history_utilisation", "loop", "pid", "previous", "started", "timer",
-                 "wall_started")
+                 "history_utilisation", "loop", "next_at", "pid", "previous", "started",
+                 "timed", "timer", "wall_started")
 
     def __init__(self, loop: Any, directory: str) -> None:
         global _owner
@@ -196,6 +204,10 @@ class Publisher:
         self.started = process_start(self.pid)
         self.wall_started = time.time()
         self.facts = facts(loop)
+        # With time_metrics the loop calls due() where it reads the clock;
+        # without, a timer of the loop's calls tick().
+        self.timed = loop.config.time_metrics
+        self.next_at = 0.0  # the loop's monotonic time of the next publish
         self.timer: Any = None
         self.failed = False  # the last write failed (logged once until one succeeds)
         self.previous: Any = None  # the health snapshot of the last publish
@@ -213,9 +225,21 @@ class Publisher:
         sweep(directory)
         self.tick()
 
+    def due(self, now: float, timeout: float | None) -> float | None:
+        """The loop is about to wait *timeout* seconds (None: until an
+        event) at monotonic time *now*: publish if the interval is over;
+        the wait, shortened to end at the next publish."""
+        if now >= self.next_at:
+            if not self.active:
+                return timeout
+            self.tick()
+        remaining = self.next_at - now
+        return remaining if timeout is None or timeout > remaining else timeout
+
     def tick(self) -> None:
         """Publish, then again in :data:`INTERVAL` seconds."""
         self.timer = None
+        self.next_at = time.monotonic() + INTERVAL
         try:
             self.publish()
         except OSError as exc:
@@ -225,7 +249,7 @@ class Publisher:
             self.failed = True
         else:
             self.failed = False
-        if self.active:
+        if self.active and not self.timed:
             self.timer = self.loop.call_later(INTERVAL, self.tick)
 
     def snapshot(self) -> dict[str, Any]:

@@ -142,6 +142,16 @@ def test_prometheus_text_scraped_from_a_real_server() -> None:
              if s.name.endswith("_total")}
     assert calls["accept"] >= 1 and calls["poll"] >= 1
     assert parsed["asyncio_relaxed_busy_seconds"].samples[0].value > 0
+    # Scraped while the client's connection and its server side were open.
+    assert parsed["asyncio_relaxed_open_connections"].samples[0].value == 2
+    assert parsed["asyncio_relaxed_open_tls_connections"].samples[0].value == 0
+    assert parsed["asyncio_relaxed_listeners"].samples[0].value == 1
+    assert parsed["asyncio_relaxed_write_buffer_bytes"].type == "gauge"
+    [info] = parsed["asyncio_relaxed_info"].samples
+    assert info.name == "asyncio_relaxed_info" and info.value == 1
+    assert info.labels["version"] == asyncio_relaxed.__version__
+    assert info.labels["backend"] == "epoll" and info.labels["time_metrics"] == "on"
+    assert info.labels["accept"] == "batch" and info.labels["pid"] == str(os.getpid())
 
 
 def test_opentelemetry_instruments_read_through_the_sdk() -> None:
@@ -170,3 +180,8 @@ def test_opentelemetry_instruments_read_through_the_sdk() -> None:
     assert points["asyncio_relaxed.idle_seconds"][0].value > 0
     assert "asyncio_relaxed.lag_seconds.p99" in points
     assert {p.attributes["call"] for p in points["asyncio_relaxed.syscalls"]} >= {"poll", "recv"}
+    assert points["asyncio_relaxed.open_connections"][0].value == 0
+    assert points["asyncio_relaxed.listeners"][0].value == 0
+    [info] = points["asyncio_relaxed.info"]
+    assert info.value == 1 and info.attributes["version"] == asyncio_relaxed.__version__
+    assert info.attributes["write"] == "eager" and info.attributes["app"] == "test"

@@ -44,12 +44,24 @@ def test_a_loop_publishes_when_made_and_removes_its_file_when_closed(tmp_path: p
         assert snapshot["process_start"] == _publish.process_start(os.getpid())
         assert abs(snapshot["time"] - time.time()) < 60
         assert os.listdir(tmp_path) == [f"relaxed-{os.getpid()}.json"]  # no .tmp left
-        # The next publish is the loop's one timer.
+        # With time_metrics the loop publishes where it reads the clock
+        # before a wait: no timer of its own.
+        assert loop._scheduled == []
+    finally:
+        loop.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_without_time_metrics_a_timer_publishes(tmp_path: pathlib.Path) -> None:
+    loop = asyncio_relaxed.new_event_loop(stats_dir=str(tmp_path), time_metrics=False)
+    try:
+        assert published(tmp_path)["health"]["time_metrics"] is False
         assert [h._callback for h in loop._scheduled] == [loop._health.publisher.tick]
     finally:
         loop.close()
     assert os.listdir(tmp_path) == []
     assert loop._health.publisher.timer is None
+    assert [h for h in loop._scheduled if not h.cancelled()] == []
 
 
 def test_without_stats_dir_nothing_is_scheduled_or_written(tmp_path: pathlib.Path,
@@ -65,8 +77,12 @@ def test_without_stats_dir_nothing_is_scheduled_or_written(tmp_path: pathlib.Pat
     assert os.listdir(tmp_path) == []
 
 
-def test_the_timer_publishes_every_interval_with_the_window(tmp_path: pathlib.Path) -> None:
-    loop = asyncio_relaxed.new_event_loop(stats_dir=str(tmp_path))
+@pytest.mark.parametrize("time_metrics", [True, False])
+def test_the_loop_publishes_every_interval_with_the_window(tmp_path: pathlib.Path,
+                                                          time_metrics: bool) -> None:
+    """Busy, then idle (waiting with nothing scheduled): a snapshot every
+    interval either way."""
+    loop = asyncio_relaxed.new_event_loop(stats_dir=str(tmp_path), time_metrics=time_metrics)
 
     async def serve_and_read() -> None:
         server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
@@ -75,7 +91,10 @@ def test_the_timer_publishes_every_interval_with_the_window(tmp_path: pathlib.Pa
             _r, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.close()
             await writer.wait_closed()
-        await asyncio.sleep(_publish.INTERVAL * 2.5)
+        # Idle: nothing scheduled but this task's wake-up, far off.
+        idle = loop.create_future()
+        loop.call_later(_publish.INTERVAL * 2.5, idle.set_result, None)
+        await idle
         server.close()
         await server.wait_closed()
 
@@ -132,7 +151,7 @@ def test_a_failed_write_is_logged_once_and_retried(tmp_path: pathlib.Path,
             publisher.tick()
             publisher.tick()
         assert caplog.text.count("cannot publish statistics") == 1
-        assert publisher.timer is not None  # still scheduled
+        assert publisher.next_at > time.monotonic()  # the next try is due
         directory.mkdir()
         publisher.tick()
         assert published(directory)["pid"] == os.getpid()
