@@ -4,8 +4,8 @@ Theory of operation
 ===================
 
 With the ``stats_dir`` setting, the loop's :class:`Publisher` writes
-``relaxed-<pid>.json`` in that directory when the loop is made and then from
-a timer every :data:`INTERVAL` seconds while the loop runs: the loop's
+``relaxed-<pid>.json`` in that directory when the loop is made and then every
+:data:`INTERVAL` seconds while the loop runs: the loop's
 ``statistics()``, ``health()``, ``gauges()`` and ``listener_statistics()``,
 its settings, and what the last interval alone saw (utilisation, lag p50 and
 p99, accepts, reads and iterations per second), with the last
@@ -26,14 +26,14 @@ one file per process.
 * With ``time_metrics`` on (the default) the loop reads the clock before it
   waits anyway (asyncio_relaxed/_health.py): there it asks :meth:`Publisher.due`,
   which publishes when the interval is over and shortens the wait to the
-  next publish, so an idle loop publishes too and a busy one pays no clock
-  read and no timer of its own.  Without ``time_metrics`` a timer of the
+  next publish, so an idle loop publishes too, and the setting costs no
+  clock read and no timer of its own.  Without ``time_metrics`` a timer of the
   loop's publishes (``call_later``), and any timer in the loop's heap costs
   the clock reads of stock's iteration.
 * The snapshot is taken on the loop's thread, between callbacks.  The
   loop's counters are plain integers and cost nothing to read; the gauges
-  walk the loop's transports, about a microsecond per connection, once a
-  second; the write is one small file, best on a memory file system
+  walk the loop's transports (0.3 µs per connection: 0.64 ms for 2,000,
+  CPython 3.11.7, timed with ``time.perf_counter``), once a second; the write is one small file, best on a memory file system
   (``/dev/shm``, ``/run``).  Nothing runs when ``stats_dir`` is empty.
 * One loop per process publishes: a second loop made with the same setting
   while the first is open publishes nothing and says so once in the log.

@@ -948,12 +948,19 @@ def mode_leeway(settings: dict[str, str]) -> frozenset[str]:
 # its write(), and ours in poll mode, only append: the kernel share differs.
 STOCK_WRITELINES_SENDS_WHILE_WAITING = sys.version_info >= (3, 12)
 
+# PyPy: a run's operations can outlast TCP's delayed ACK (40 ms on Linux)
+# in one run and not in the other (the JIT compiling, the collector), and
+# the ACK frees send buffer, whose EPOLLOUT lets a waiting transport send
+# more before the next observation: the kernel's share differs between two
+# runs of stock itself (seen with PyPy 3.11's stock loop; not on CPython).
+DELAYED_ACKS_RACE = sys.implementation.name == "pypy"
+
 
 def leeway(loop_name: str) -> frozenset[str]:
     """What the comparison of *loop_name* with stock forgives (see normalise)."""
+    extra = {KERNEL_SHARE} if DELAYED_ACKS_RACE else set()
     if loop_name == "asyncio":
-        return frozenset()
-    extra = set()
+        return frozenset(extra)
     if STOCK_WRITELINES_SKIPS_FLOW_CONTROL:
         extra.add(FLOW_CALLBACKS)
     if STOCK_WRITELINES_SENDS_WHILE_WAITING:
