@@ -302,6 +302,15 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if publisher is not None and not self.is_running():
             publisher.close()
         super().close()
+        # A closed loop leaves no reference cycle for the collector, as
+        # stock's does not (its selector's close drops the selector's map):
+        # the poller's and the write queue's error callbacks are this loop's
+        # bound methods, and Serving and the publisher hold the loop.
+        shared = self._shared
+        shared.on_error = None
+        shared.poller.on_error = None
+        self._serving.loop = None
+        self._health.publisher = None
 
     # -- transports ---------------------------------------------------------
 

@@ -94,6 +94,7 @@ from __future__ import annotations
 import errno
 import math
 import selectors
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -147,6 +148,10 @@ def _fileobj_to_fd(fileobj: Any) -> int:
     if fd < 0:
         raise ValueError(f"Invalid file descriptor: {fd}")
     return fd
+
+
+#: get_map() of a closed selector: empty, and holding nothing.
+_CLOSED_MAP: Mapping[Any, SelectorKey] = types.MappingProxyType({})
 
 
 class _Mapping(Mapping[Any, SelectorKey]):
@@ -227,7 +232,7 @@ class DeferredSelector(selectors.BaseSelector):
         self._state = table.states  # fd -> its state, when not what no entry says
         self._fileobjs: dict[int, Any] = {}  # registered fd -> file object, if not the fd
         self._always_ready: set[int] = set()  # EPERM fds (edge 5)
-        self._map = _Mapping(self)
+        self._map: Mapping[Any, SelectorKey] = _Mapping(self)
         self._closed = False
         # The epoll object for the fast path of the wait, None on other backends.
         self._epoll: Any = backend._epoll if isinstance(backend, EpollBackend) else None
@@ -680,3 +685,4 @@ class DeferredSelector(selectors.BaseSelector):
         self._fileobjs.clear()
         self._always_ready.clear()
         self._backend.close()
+        self._map = _CLOSED_MAP  # an empty map that, unlike _Mapping, holds no selector

@@ -33,8 +33,9 @@ one file per process.
 * The snapshot is taken on the loop's thread, between callbacks.  The
   loop's counters are plain integers and cost nothing to read; the gauges
   walk the loop's transports (0.3 µs per connection: 0.64 ms for 2,000,
-  CPython 3.11.7, timed with ``time.perf_counter``), once a second; the write is one small file, best on a memory file system
-  (``/dev/shm``, ``/run``).  Nothing runs when ``stats_dir`` is empty.
+  CPython 3.11.7, timed with ``time.perf_counter``), once a second; the
+  write is one small file, best on a memory file system (``/dev/shm``,
+  ``/run``).  Nothing runs when ``stats_dir`` is empty.
 * One loop per process publishes: a second loop made with the same setting
   while the first is open publishes nothing and says so once in the log.
 * A failed write (the directory removed, the disk full) is logged once and

@@ -54,13 +54,14 @@ def test_a_loop_publishes_when_made_and_removes_its_file_when_closed(tmp_path: p
 
 def test_without_time_metrics_a_timer_publishes(tmp_path: pathlib.Path) -> None:
     loop = asyncio_relaxed.new_event_loop(stats_dir=str(tmp_path), time_metrics=False)
+    publisher = loop._health.publisher
     try:
         assert published(tmp_path)["health"]["time_metrics"] is False
-        assert [h._callback for h in loop._scheduled] == [loop._health.publisher.tick]
+        assert [h._callback for h in loop._scheduled] == [publisher.tick]
     finally:
         loop.close()
     assert os.listdir(tmp_path) == []
-    assert loop._health.publisher.timer is None
+    assert publisher.timer is None
     assert [h for h in loop._scheduled if not h.cancelled()] == []
 
 
