@@ -11,11 +11,11 @@ Serve under gunicorn, each worker making its own loop after the fork
 (settings through gunicorn's raw_env, ``-e``), from the checkout's root
 (gunicorn imports this file as ``examples.http_server``)::
 
-    mkdir -p /tmp/pool
+    mkdir -p /dev/shm/pool
     gunicorn 'examples.http_server:create_app' --workers 4 --bind 127.0.0.1:8080 \\
         --worker-class asyncio_relaxed.gunicorn.GunicornWebWorker \\
-        -e ASYNCIO_RELAXED_ACCEPT=balanced -e ASYNCIO_RELAXED_STATS_DIR=/tmp/pool
-    python -m asyncio_relaxed top /tmp/pool      # every worker, live
+        -e ASYNCIO_RELAXED_ACCEPT=balanced -e ASYNCIO_RELAXED_STATS_DIR=/dev/shm/pool
+    python -m asyncio_relaxed top /dev/shm/pool      # every worker, live
     curl localhost:8080/metrics                  # every worker, one scrape
 
 Routes: ``GET /`` says hello; ``GET /4k`` returns 4 KiB; ``POST /echo``

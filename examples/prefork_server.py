@@ -17,8 +17,8 @@ With --stats-dir DIR (or ASYNCIO_RELAXED_STATS_DIR) every worker's loop
 publishes its statistics there: watch the pool with
 ``python -m asyncio_relaxed top DIR``::
 
-    mkdir -p /tmp/pool
-    python examples/prefork_server.py --workers 4 --accept balanced --stats-dir /tmp/pool
+    mkdir -p /dev/shm/pool
+    python examples/prefork_server.py --workers 4 --accept balanced --stats-dir /dev/shm/pool
 """
 
 from __future__ import annotations
