@@ -211,7 +211,7 @@ class Publisher:
         self.next_at = 0.0  # the loop's monotonic time of the next publish
         self.timer: Any = None
         self.failed = False  # the last write failed (logged once until one succeeds)
-        self.previous: Any = None  # the health snapshot of the last publish
+        self.previous: Any = None  # (health snapshot, recv count) at the last publish
         self.accepted = 0  # the listeners' accepts at the last publish
         self.history_utilisation: collections.deque[float] = collections.deque(maxlen=HISTORY)
         self.history_accepts: collections.deque[int] = collections.deque(maxlen=HISTORY)
@@ -231,8 +231,6 @@ class Publisher:
         event) at monotonic time *now*: publish if the interval is over;
         the wait, shortened to end at the next publish."""
         if now >= self.next_at:
-            if not self.active:
-                return timeout
             self.tick()
         remaining = self.next_at - now
         return remaining if timeout is None or timeout > remaining else timeout
