@@ -164,7 +164,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         readers and writers, bytes buffered for writing, listeners and their
         pending accepts), counted from its transports and listeners when asked."""
         connections = tls = reading_paused = writing_paused = buffered = 0
-        for transport in list(self._transports.values()):
+        # An exporter's thread may ask while the loop's thread adds and
+        # drops transports: list() of the weak dictionary's own dict of
+        # references is one C call, which no other thread interleaves.
+        for reference in list(self._transports.data.values()):
+            transport = reference()
             if not isinstance(transport, _STREAMS) or transport._sock is None:
                 continue
             connections += 1

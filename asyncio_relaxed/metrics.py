@@ -16,9 +16,9 @@ A pre-forked pool in one scrape: each worker's loop publishes to its
     REGISTRY.register(asyncio_relaxed.metrics.PoolCollector("/run/myapp-loops"))
 
 The same families either way, read from ``loop.statistics()``,
-``loop.health()`` and ``loop.listener_statistics()`` when the exporter asks
-(reading them from the exporter's thread is safe: plain integers, a copied
-list).  Names follow Prometheus' conventions: a ``asyncio_relaxed_`` prefix,
+``loop.health()``, ``loop.gauges()`` and ``loop.listener_statistics()`` when
+the exporter asks (reading them from the exporter's thread is safe: plain
+integers, copied lists).  Names follow Prometheus' conventions: a ``asyncio_relaxed_`` prefix,
 base units in the name (``_seconds``), ``_total`` on counters.  Every sample
 carries the process id (``pid``), so pre-forked workers (the gunicorn worker
 classes) export apart and each worker's share of accepted connections is

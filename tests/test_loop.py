@@ -557,3 +557,46 @@ def test_a_closed_loop_leaves_no_reference_cycle(settings: dict[str, str] | None
         gc.garbage.clear()
         gc.enable()
     assert garbage == []
+
+
+def test_gauges_from_an_exporters_thread_while_connections_come_and_go() -> None:
+    """A metrics exporter's thread (prometheus_client's HTTP server) asks
+    for gauges while the loop's thread adds and drops transports: never an
+    error (iterating the transports' weak dictionary there raised
+    'dictionary changed size during iteration' within a second here)."""
+    loop = asyncio_relaxed.new_event_loop()
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def exporter() -> None:
+        while not done.is_set():
+            try:
+                loop.gauges()
+            except Exception as exc:  # what the test looks for
+                errors.append(exc)
+
+    async def churn() -> None:
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        thread = threading.Thread(target=exporter)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and not errors:
+                transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+                transport.close()
+                await asyncio.sleep(0)
+        finally:
+            done.set()
+            thread.join()
+        server.close()
+        await server.wait_closed()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        run(loop, churn())
+    finally:
+        sys.setswitchinterval(interval)
+        loop.close()
+    assert errors == []
