@@ -37,9 +37,26 @@ def _screen(tmux: list[str]) -> list[str]:
     return out.stdout.splitlines()
 
 
+def _rows_of(tmux: list[str], pids: set[int], seconds: float) -> dict[int, dict[str, str]]:
+    """top's rows once they show every pid in ``pids``: top paints after its
+    interpreter has started and imported rich, which on a loaded machine
+    takes longer than the test's first requests."""
+    deadline = time.monotonic() + seconds
+    while True:
+        screen = _screen(tmux)
+        rows = _table(screen)
+        if set(rows) == pids:
+            return rows
+        assert time.monotonic() < deadline, "\n".join(screen)
+        time.sleep(0.2)
+
+
 def _table(lines: list[str]) -> dict[int, dict[str, str]]:
-    """The rows of top's table by pid, each a column name -> cell text."""
-    header = next(line for line in lines if "┃" in line and "pid" in line)
+    """The rows of top's table by pid, each a column name -> cell text;
+    empty before top's first paint."""
+    header = next((line for line in lines if "┃" in line and "pid" in line), None)
+    if header is None:
+        return {}
     names = [cell.strip() for cell in header.split("┃")[1:-1]]
     rows = {}
     for line in lines:
@@ -93,6 +110,7 @@ def test_top_shows_every_worker_of_a_gunicorn_pool_as_its_own_loop_counts(
             [*tmux, "new-session", "-d", "-s", "top", "-x", "220", "-y", "40", "-c", str(ROOT),
              f"{sys.executable} -m asyncio_relaxed top {stats}"],
             check=True, timeout=30, env={**os.environ, "TERM": "xterm-256color"})
+        _rows_of(tmux, pids, 30)  # top's first paint
 
         # Load: one connection per request, so a worker's own accept count
         # (in each of its responses) is also how many responses it sent.
@@ -106,8 +124,7 @@ def test_top_shows_every_worker_of_a_gunicorn_pool_as_its_own_loop_counts(
             served[answer["pid"]] = served.get(answer["pid"], 0) + 1
             own[answer["pid"]] = answer
             if index == REQUESTS // 2:
-                during = _table(_screen(tmux))
-                assert set(during) == pids, "\n".join(_screen(tmux))
+                _rows_of(tmux, pids, 10)  # every worker's row, while serving
         assert set(served) <= pids
         for pid in served:
             assert own[pid]["accepted"] == served[pid]
