@@ -39,9 +39,7 @@ every event with one.  On Linux a TCP listener's ``tcp_info.tcpi_unacked``
 is its accept queue's length (what ``ss`` shows as Recv-Q), so after the
 first accept of an event the batch takes no more than that; where the
 length is unknown (not Linux, not TCP) it accepts until EAGAIN, as stock.
-Measured in one process on the benchmark machine: accept() -> EAGAIN
-6-8 us, getsockopt(TCP_INFO) 1.5-1.8 us, EPOLL_CTL_DEL + ADD 2.7-2.8 us,
-call_later + cancel 3.4-5.2 us.
+docs/design.md ("The accept path") has the cost of each call, measured.
 
 Balanced: fairness without shared memory
 ----------------------------------------
@@ -67,8 +65,8 @@ of its 12 points (2 and 4 workers; 1, 10 and 100 clients; keep-alive and
 close per request), where batch reads 0.75 under one keep-alive client.
 
 After the first accept the worker takes what is queued, as batch does (one
-accept per event ran at 0.64-0.66x batch's connections/s under 100
-close-per-request clients); the rotation survives because connections queue
+accept per event cost connections/s under close-per-request clients:
+docs/design.md, "accept=balanced"); the rotation survives because connections queue
 only while no worker has got to them yet, and the listener is re-registered
 once per event whatever the burst.
 

@@ -1,10 +1,21 @@
-"""Every use of CPython's private asyncio names, in one place.
+"""CPython's private asyncio names the package imports, its version gates,
+and the handles it makes, in one place.
 
 Checked against CPython 3.11.7, 3.12.1, 3.13.0 (pyenv builds), 3.14.10 and
-3.15.2 (Debian's), the interpreters the conformance run uses.  When a name
-moves, this is the module to change: the rest of the package reads private
-layouts and asks "is this still stock's?" only through the names below
-(tests/test_layering.py checks that).
+3.15.2 (Debian's), the interpreters the conformance run uses.  Here, and
+nowhere else (tests/test_layering.py checks each): an import from asyncio's
+modules other than its public namespace (``base_events``, ``sslproto``,
+``_FlowControlMixin``...), a test of ``sys.version_info`` (``PY312``...), a
+write to a ``Handle``'s private fields, and the predicates that ask "is this
+still stock's?" before a fast path bypasses it.
+
+What this module does not hold: the private attributes of the stock classes
+the package subclasses or is handed, which the loop and its transports use
+as stock's own code does: ``BaseEventLoop``'s ``_ready``, ``_scheduled``,
+``_selector``, ``_add_reader``, ``_debug``; a handle's ``_callback``,
+``_args``, ``_cancelled`` and ``_when`` as the iteration reads them; the
+``_sock``, ``_protocol`` and ``_extra`` of a transport.  Those are the
+layout the conformance run holds to each version's test.test_asyncio.
 """
 
 from __future__ import annotations

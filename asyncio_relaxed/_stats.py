@@ -46,8 +46,8 @@ class Counters:
     """Mutable counters, one attribute per entry of :data:`COUNTERS`.
 
     Plus two that the transport's hot paths count with one increment where
-    two counters move (a second increment costs ~125 instructions per 1 KiB
-    echo request, benchmarks.instructions); :meth:`snapshot` adds each to
+    two counters move (what the second increment would cost: docs/design.md,
+    "Statistics"); :meth:`snapshot` adds each to
     both: ``sent_at_once`` (a write() sent at once: a write and a send) and
     ``queued_at_once`` (a write() that queued its transport: a write and a
     deferred write).

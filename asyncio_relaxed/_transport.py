@@ -402,9 +402,7 @@ class SocketTransport(TransportBase):
                 # buffered).  Every such write in eager mode; in deferred
                 # mode a write that alone passes the high-water mark, which
                 # the queue would send at once anyway (_check_high_water).
-                # Through _write_now instead, a 1 KiB echo request runs
-                # about 4 % more instructions (benchmarks: instructions,
-                # relaxed-eager).
+                # What it saves: docs/design.md, "The write queue".
                 shared.stats.sent_at_once += 1  # one write, one send (Counters)
                 try:
                     n = self._sock.send(data)  # type: ignore[union-attr]
