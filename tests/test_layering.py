@@ -264,3 +264,25 @@ def test_one_child_launcher_and_one_results_writer(path: pathlib.Path) -> None:
             assert path.name == "processes.py", f"{path}: {owner}.{func.attr}: use processes.spawn"
         if func.attr in _WRITES:
             assert path.name == "results.py", f"{path}: .{func.attr}(): use results.save"
+
+
+#: The write states' fields: _writes makes every transition (docs/design.md,
+#: "The write queue"); a transport only sets the first state when it is made.
+_WRITE_STATE_FIELDS = {"_write_state", "_feeds"}
+
+
+@pytest.mark.parametrize("module", sorted(set(ALLOWED) - {"_writes"}))
+def test_only_the_write_queue_moves_the_write_states(module: str) -> None:
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if function.name == "__init__":
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and target.attr in _WRITE_STATE_FIELDS:
+                        raise AssertionError(
+                            f"{module}.{function.name} assigns .{target.attr}: ask _writes")
