@@ -352,7 +352,7 @@ def test_every_loop_of_the_table_runs_or_says_why() -> None:
     for name in loops.EVENT_LOOPS:
         why = loops.missing(name)
         if why:
-            assert loops.SPECS[name].kind in loops.PEER_KINDS, (name, why)
+            assert loops.SPECS[name].kind in (*loops.PEER_KINDS, "aiofastnet"), (name, why)
             assert name in why, why  # names what is missing
             with pytest.raises(LookupError, match=name):
                 loops.factory(name)
@@ -776,6 +776,7 @@ def tls_dir(tmp_path_factory: pytest.TempPathFactory,
     ("tls-echo-64k-c10", ["asyncio", "relaxed-eager", "floor-tls-bio", "floor-tls-socket"]),
     ("https-0b", ["asyncio", "relaxed-eager"]),
     ("tls-churn", ["asyncio", "relaxed-eager", "floor-tls-bio", "floor-tls-socket"]),
+    ("starttls-echo-1k-c10", ["asyncio", "relaxed-eager", "relaxed-tls-own"]),
 ])
 def test_smoke_tls_workloads(name: str, loop_names: list[str], tmp_path: Path,
                              tls_dir: Path) -> None:
@@ -791,7 +792,8 @@ def test_smoke_tls_workloads(name: str, loop_names: list[str], tmp_path: Path,
     assert w.tls and w.params()["tls"] is True
     entry = _smoke(w, loop_names, tmp_path)
     for loop_name, data in entry["loops"].items():
-        assert data["client"].endswith("TLS 1.3"), (loop_name, data["client"])
+        assert data["client"].endswith(
+            "TLS 1.3 by start_tls" if w.starttls else "TLS 1.3"), (loop_name, data["client"])
         assert data["median"]["rate"] > 0 and data["median"]["cpu_us_per_unit"] > 0
     assert entry["loops"]["relaxed-eager"]["median"]["recv_per_unit"] > 0
 
@@ -804,7 +806,10 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert not runner._fits(WORKLOADS["https-0b"], "floor-tls-bio")
     assert "floor-tls-bio" not in WORKLOADS["https-0b"].loops
     tls_names = {n for n, w in WORKLOADS.items() if w.tls}
-    assert tls_names == {"tls-echo-1k-c10", "tls-echo-64k-c10", "https-0b", "tls-churn"}
+    assert tls_names == {"tls-echo-1k-c10", "tls-echo-64k-c10", "https-0b", "tls-churn",
+                         "starttls-echo-1k-c10"}
+    assert not runner._fits(WORKLOADS["starttls-echo-1k-c10"], "floor-tls-bio")
+    assert "floor-tls-bio" not in WORKLOADS["starttls-echo-1k-c10"].loops
     # By name only: the default set stays within its 4 minutes.
     assert not tls_names & {w.name for w in runner.select(None, full=False)}
 
@@ -890,6 +895,111 @@ def test_tls_presets_come_with_the_setting() -> None:
     has = "tls" in {f.name for f in dataclasses.fields(asyncio_relaxed.Config)}
     assert ("relaxed-tls-stock" in loops.SPECS) is has
     assert ("relaxed-tls-stock" in loops.TLS_LOOPS) is has
+
+
+def test_aiofastnet_peers_are_in_every_echo_and_tls_workload_not_the_default_set() -> None:
+    for name, w in WORKLOADS.items():
+        if name.startswith("echo-") or w.tls:
+            assert set(loops.TRANSPORT_PEERS) <= set(w.loops), name
+        assert not set(loops.TRANSPORT_PEERS) & set(w.default_loops), name
+    assert {loops.SPECS[n].base for n in loops.TRANSPORT_PEERS} == {"asyncio", "uvloop"}
+
+
+def test_a_missing_aiofastnet_or_base_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = loops.importlib.import_module
+    gone: set[str] = set()
+
+    def without(name: str) -> Any:
+        if name in gone:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name)
+
+    monkeypatch.setattr(loops.importlib, "import_module", without)
+    monkeypatch.setattr(loops, "IMPLEMENTATION", "cpython")
+    gone.add("aiofastnet")
+    assert loops.missing("asyncio+aiofastnet") == (
+        "asyncio+aiofastnet: aiofastnet is not installed (pip install aiofastnet)")
+    with pytest.raises(LookupError, match="uvloop\\+aiofastnet: aiofastnet is not installed"):
+        loops.factory("uvloop+aiofastnet")
+    gone.clear()
+    gone.add("uvloop")
+    assert loops.missing("uvloop+aiofastnet") == (
+        "uvloop+aiofastnet: uvloop is not installed (pip install uvloop)")
+    monkeypatch.setattr(loops, "IMPLEMENTATION", "pypy")
+    gone.add("aiofastnet")
+    assert loops.missing("asyncio+aiofastnet") == (
+        "asyncio+aiofastnet: aiofastnet has no build for PyPy (a compiled extension for "
+        "CPython only): nothing to install here; compare with it on CPython")
+
+
+@pytest.mark.parametrize("name", ["asyncio+aiofastnet", "uvloop+aiofastnet"])
+def test_an_aiofastnet_peer_is_its_base_loop_with_aiofastnets_servers(name: str) -> None:
+    why = loops.missing(name)
+    if why:
+        pytest.skip(why)
+    loop = loops.factory(name)()
+    try:
+        base = {"asyncio": "asyncio", "uvloop": "uvloop"}[loops.SPECS[name].base]
+        assert type(loop).__module__.split(".")[0] == base
+        for method in ("create_server", "create_connection", "start_tls"):
+            patched = vars(loop).get(method)
+            assert patched is not None, method  # set on the loop, over its class's
+            assert patched.func.__module__.startswith("aiofastnet"), method
+        assert loop.run_until_complete(asyncio.sleep(0, result=name)) == name
+        assert loops.version(name).startswith("aiofastnet ")
+    finally:
+        loop.close()
+
+
+def test_upgraded_echo_answers_what_came_before_its_transport() -> None:
+    """A TLS 1.3 client's first request can come with its Finished, so the
+    server's protocol may get data before start_tls returned its transport."""
+    from benchmarks.workloads import server
+
+    written: list[bytes] = []
+    echo = server.UpgradedEcho()
+    echo.data_received(b"early")
+    transport = type("T", (), {"write": lambda self, data: written.append(data)})()
+    echo.connection_made(transport)
+    echo.data_received(b"late")
+    assert written == [b"early", b"late"]
+
+
+def test_a_loop_without_start_tls_is_unsupported_before_it_listens(
+        tls_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server probes start_tls over a socket pair before listening: a
+    loop whose start_tls raises says so in place of the listening line."""
+    from benchmarks.workloads import server
+
+    class NoStartTls(asyncio.SelectorEventLoop):
+        async def start_tls(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("no start_tls here")
+
+    args = server.argparse.Namespace(kind="echo-protocol", tls=False, starttls=True)
+    loop = NoStartTls()
+    try:
+        loop.run_until_complete(server.serve(args))
+    finally:
+        loop.close()
+    (line,) = capsys.readouterr().out.splitlines()
+    why = json.loads(line)["unsupported"]
+    assert why.endswith("NoStartTls: start_tls() raised NotImplementedError: no start_tls here")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(90)
+def test_smoke_aiofastnet_peers(tmp_path: Path, tls_dir: Path) -> None:
+    """The plain echo, the TLS echo and the start_tls echo on both pairings."""
+    peers = [n for n in loops.TRANSPORT_PEERS if not loops.missing(n)]
+    if not peers:
+        pytest.skip("; ".join(loops.missing(n) or "" for n in loops.TRANSPORT_PEERS))
+    names = ["relaxed-eager", *peers]  # the summary is ours against each
+    for workload in ("echo-protocol-1k-c10", "tls-echo-1k-c10", "starttls-echo-1k-c10"):
+        w = WORKLOADS[workload]
+        if catalog.missing(w):
+            continue
+        entry = _smoke(w, names, tmp_path)
+        assert set(entry["loops"]) == set(names)
 
 
 def test_a_loop_that_cannot_serve_is_noted_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:

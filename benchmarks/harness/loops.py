@@ -38,8 +38,9 @@ LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 class LoopSpec:
     name: str
     #: "asyncio", the module of a peer ("uvloop", "rloop", "zuvloop",
-    #: "rsloop"; each has ``new_event_loop()``), "relaxed", or "floor" (no
-    #: event loop: benchmarks.workloads.floors serves it).
+    #: "rsloop"; each has ``new_event_loop()``), "relaxed", "aiofastnet"
+    #: (aiofastnet's transports patched onto the loop of ``base``), or
+    #: "floor" (no event loop: benchmarks.workloads.floors serves it).
     kind: str
     #: asyncio_relaxed settings (keyword arguments of new_event_loop).
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -53,6 +54,8 @@ class LoopSpec:
     #: floor only: the servers it stands in for, a server kind of
     #: benchmarks.workloads.server, with ``+tls`` over TLS.
     serves: tuple[str, ...] = ()
+    #: aiofastnet only: the loop under the patch, "asyncio" or "uvloop".
+    base: str = ""
 
 
 #: The kinds that are an installable package with ``new_event_loop()``.
@@ -69,6 +72,10 @@ SPECS: dict[str, LoopSpec] = {
         LoopSpec("zuvloop", "zuvloop", about="libuv, Zig (zuvloop), when installed",
                  python=(3, 14)),
         LoopSpec("rsloop", "rsloop", about="Rust (rsloop), when installed"),
+        LoopSpec("asyncio+aiofastnet", "aiofastnet", base="asyncio",
+                 about="stock's loop, aiofastnet's Cython transports (aiofastnet.patch_loop)"),
+        LoopSpec("uvloop+aiofastnet", "aiofastnet", base="uvloop",
+                 about="uvloop, aiofastnet's Cython transports (aiofastnet.patch_loop)"),
         LoopSpec("relaxed", "relaxed", about="asyncio_relaxed, default settings"),
         LoopSpec("relaxed-eager", "relaxed", {"write": "eager", "partial_write": "poll"},
                  "send at once; wait for writability after a short write"),
@@ -117,6 +124,9 @@ SPECS.update((s.name, s) for s in tls_presets(
 
 #: The loops we are measured against.
 PEERS = ("asyncio", *PEER_KINDS)
+#: aiofastnet's transports on stock's loop and on uvloop: peers of the
+#: workloads where transports decide (the echo and TLS workloads).
+TRANSPORT_PEERS = ("asyncio+aiofastnet", "uvloop+aiofastnet")
 #: The loops of the I/O workloads (echo, http, pipe, small writes, idle).
 IO_LOOPS = (*PEERS, "relaxed-eager", "relaxed-deferred")
 #: The loops of the accept-fairness workloads.
@@ -128,8 +138,9 @@ SUITE_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-eager-feed", "rela
                "relaxed-feed")
 #: The loops of the TLS workloads: the peers, our default settings, the
 #: ``tls`` presets where the setting exists, and the TLS floors.
-TLS_LOOPS = (*PEERS, "relaxed-eager", *(n for n in SPECS if n.startswith("relaxed-tls-")),
-             "floor-tls-bio", "floor-tls-socket")
+TLS_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
+             *(n for n in SPECS if n.startswith("relaxed-tls-")), "floor-tls-bio",
+             "floor-tls-socket")
 #: Every name that makes an event loop (the floors do not).
 EVENT_LOOPS = tuple(name for name, spec in SPECS.items() if spec.kind != "floor")
 
@@ -152,23 +163,19 @@ def missing(name: str) -> str | None:
     spec = SPECS.get(name)
     if spec is None:
         return f"unknown loop {name!r}; known: {', '.join(SPECS)}"
+    if spec.kind == "aiofastnet":
+        for module in ("aiofastnet", spec.base):
+            why = _unimportable(module)
+            if why:
+                return f"{name}: {why}"
+        return None
     if spec.kind in PEER_KINDS:
-        cpython = IMPLEMENTATION == "cpython"
-        if cpython and sys.version_info[:2] < spec.python:
+        if IMPLEMENTATION == "cpython" and sys.version_info[:2] < spec.python:
             return (f"{spec.kind} has builds for Python {'.'.join(map(str, spec.python))} "
                     f"and later only; this is {platform.python_version()}")
-        try:
-            importlib.import_module(spec.kind)
-        except ModuleNotFoundError as exc:
-            if exc.name != spec.kind:
-                return f"{spec.kind} does not import here: {exc}"
-            if not cpython:
-                here = {"pypy": "PyPy"}.get(IMPLEMENTATION, IMPLEMENTATION)
-                return (f"{spec.kind} has no build for {here} (a compiled extension for "
-                        "CPython only): nothing to install here; compare with it on CPython")
-            return f"{spec.kind} is not installed (pip install {spec.kind})"
-        except ImportError as exc:
-            return f"{spec.kind} does not import here: {exc}"
+        why = _unimportable(spec.kind)
+        if why:
+            return why
     if spec.checkout is not None:
         if not os.path.isfile(os.path.join(spec.checkout, "asyncio_relaxed", "__init__.py")):
             return f"{spec.checkout} holds no asyncio_relaxed package"
@@ -178,6 +185,26 @@ def missing(name: str) -> str | None:
             asyncio_relaxed.resolve(spec.settings, environ={})
         except (TypeError, ValueError) as exc:
             return f"this asyncio_relaxed does not support {dict(spec.settings)}: {exc}"
+    return None
+
+
+def _unimportable(module: str) -> str | None:
+    """Why *module*, a peer's compiled package, does not import here, or
+    None (stock's asyncio always does)."""
+    if module == "asyncio":
+        return None
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            return f"{module} does not import here: {exc}"
+        if IMPLEMENTATION != "cpython":
+            here = {"pypy": "PyPy"}.get(IMPLEMENTATION, IMPLEMENTATION)
+            return (f"{module} has no build for {here} (a compiled extension for "
+                    "CPython only): nothing to install here; compare with it on CPython")
+        return f"{module} is not installed (pip install {module})"
+    except ImportError as exc:
+        return f"{module} does not import here: {exc}"
     return None
 
 
@@ -204,6 +231,10 @@ def factory(name: str, **settings: str | None) -> LoopFactory:
     if spec.kind in PEER_KINDS:
         module = importlib.import_module(spec.kind)
         return module.new_event_loop  # type: ignore[no-any-return]
+    if spec.kind == "aiofastnet":
+        aiofastnet = importlib.import_module("aiofastnet")
+        base = factory(spec.base)
+        return lambda: aiofastnet.patch_loop(base())
     options = {**spec.settings, **given}
     return lambda: asyncio_relaxed.new_event_loop(**options)
 
@@ -246,6 +277,8 @@ def version(name: str) -> str:
     spec = SPECS[name]
     if spec.kind in ("asyncio", "floor"):
         return platform.python_version()
+    if spec.kind == "aiofastnet":
+        return f"aiofastnet {_distribution('aiofastnet')} on {spec.base} {version(spec.base)}"
     if spec.checkout is not None:
         try:
             rev = processes.call(["git", "-C", spec.checkout, "rev-parse", "--short", "HEAD"],
@@ -253,9 +286,14 @@ def version(name: str) -> str:
         except (OSError, RuntimeError, TimeoutError):  # not a git checkout, or no git
             rev = ""
         return f"checkout {spec.checkout}" + (f" at {rev}" if rev else "")
+    return _distribution("asyncio-relaxed" if spec.kind == "relaxed" else spec.kind)
+
+
+def _distribution(name: str) -> str:
+    """The installed version of distribution *name*, or "missing"."""
     from importlib import metadata  # here: every server process imports this module
 
     try:
-        return metadata.version("asyncio-relaxed" if spec.kind == "relaxed" else spec.kind)
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "missing"

@@ -30,7 +30,14 @@ import re
 import sys
 from importlib import metadata
 
-from benchmarks.harness.loops import ACCEPT_LOOPS, IO_LOOPS, PEERS, SPECS, TLS_LOOPS
+from benchmarks.harness.loops import (
+    ACCEPT_LOOPS,
+    IO_LOOPS,
+    PEERS,
+    SPECS,
+    TLS_LOOPS,
+    TRANSPORT_PEERS,
+)
 from benchmarks.workloads.fairness import MODES, PLACEMENTS
 
 KiB = 1024
@@ -80,11 +87,14 @@ class Workload:
     placement: str = "pinned"
     #: Over TLS 1.3: the server and the client with --tls.
     tls: bool = False
+    #: With tls: reached by start_tls after a plain exchange, the server and
+    #: the client with --starttls instead of --tls.
+    starttls: bool = False
 
     @property
     def serves(self) -> str:
         """What a floor must serve to run it (benchmarks.harness.loops.LoopSpec.serves)."""
-        return self.server + ("+tls" if self.tls else "")
+        return self.server + ("+starttls" if self.starttls else "+tls" if self.tls else "")
 
     def params(self) -> dict[str, object]:
         """The parameters that define the workload (for the JSON)."""
@@ -116,6 +126,7 @@ def _echo() -> list[Workload]:
                     f"echo-{api}-{_sizes(size)}-c{conc}",
                     f"echo, {api} server, {size // KiB} KiB messages, {conc} connections",
                     f"echo-{api}", "echo", conc, size, size,
+                    loops=(*IO_LOOPS, *TRANSPORT_PEERS),
                     default_loops=IO_DEFAULT if default else (),
                     syscalls=(api == "protocol" and size == KiB and conc == 10)))
     return out
@@ -184,6 +195,13 @@ def _tls() -> list[Workload]:
         Workload("tls-churn", "a new TLS 1.3 connection per 1 KiB request (a full handshake "
                  "each), 10 clients", "echo-protocol", "churn", 10, unit="connection",
                  loops=TLS_LOOPS, tls=True, needs=("trustme",)),
+        # asyncpg's and SMTP's way to TLS: the same echo as tls-echo-1k-c10
+        # once the connections are upgraded, so the two compare start_tls
+        # with ssl= on each loop.
+        Workload("starttls-echo-1k-c10", "echo over TLS 1.3 reached by start_tls on both sides "
+                 "after a plain STARTTLS exchange, protocol server, 1 KiB messages, "
+                 "10 connections", "echo-protocol", "echo", 10, 1 * KiB, 1 * KiB,
+                 loops=_TLS_EVENT_LOOPS, tls=True, starttls=True, needs=("trustme",)),
     ]
 
 

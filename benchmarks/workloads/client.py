@@ -27,7 +27,9 @@ Kinds of load:
 ``--tls`` makes every connection of ``echo``, ``http``, ``churn`` and
 ``idle`` over TLS 1.3 (benchmarks.harness.tls), in the client loop's own TLS
 (uvloop's sslproto, in Cython, or stock's): a handshake per connection, so
-under ``churn`` one per request.
+under ``churn`` one per request.  ``--starttls`` makes each ``echo``
+connection plain first, then TLS 1.3 through ``loop.start_tls()`` after the
+STARTTLS exchange of benchmarks.workloads.server.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ from typing import Any
 from benchmarks.harness import loops, maths, tls
 from benchmarks.workloads import fairness
 from benchmarks.workloads.control import finish, raise_fd_limit
+from benchmarks.workloads.server import STARTTLS, STARTTLS_OK
 
 KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness")
 TLS_KINDS = ("echo", "http", "churn", "idle")
+STARTTLS_KINDS = ("echo",)
 MiB = 1 << 20
 
 
@@ -192,6 +196,42 @@ def _returns(protocol: asyncio.Protocol) -> Any:
     return lambda: protocol
 
 
+class StartTls(asyncio.Protocol):
+    """The plain part of a --starttls connection: STARTTLS out, OK back."""
+
+    def __init__(self) -> None:
+        self.line = b""
+        self.ok = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        transport.write(STARTTLS)
+
+    def data_received(self, data: bytes) -> None:
+        self.line += data
+        if len(self.line) >= len(STARTTLS_OK) and not self.ok.done():
+            if self.line == STARTTLS_OK:
+                self.ok.set_result(None)
+            else:
+                self.ok.set_exception(RuntimeError(f"the server answered {self.line!r}"))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.ok.done():
+            self.ok.set_exception(ConnectionError("closed before the STARTTLS answer"))
+
+
+async def starttls_connection(make: Any, port: int) -> Any:
+    """A plain connection upgraded by start_tls; the protocol *make* builds
+    gets connection_made with the TLS transport."""
+    loop = asyncio.get_running_loop()
+    plain, exchange = await loop.create_connection(StartTls, "127.0.0.1", port)
+    await exchange.ok
+    proto = make()
+    transport = await loop.start_tls(plain, proto, tls.client_context(),
+                                     server_hostname=tls.HOSTNAME)
+    proto.connection_made(transport)
+    return proto
+
+
 def _tls_options(on: bool) -> dict[str, Any]:
     """create_connection's keywords for a TLS connection, or none."""
     return {"ssl": tls.client_context(), "server_hostname": tls.HOSTNAME} if on else {}
@@ -243,7 +283,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             make = lambda: RequestResponse(meter, request, args.response)  # noqa: E731
         for _ in range(args.concurrency):
-            _, proto = await loop.create_connection(make, "127.0.0.1", args.port, **options)
+            if args.starttls:
+                proto = await starttls_connection(make, args.port)
+            else:
+                _, proto = await loop.create_connection(make, "127.0.0.1", args.port,
+                                                        **options)
             conns.append(proto)
     elif args.kind == "churn":
         tasks = [asyncio.ensure_future(churn_worker(meter, args.port, request, args.response,
@@ -260,7 +304,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         await asyncio.sleep(args.warmup)
     print(json.dumps({"ready": True, "client": f"builtin ({loops.client_loop()[0]})"
-                      + (", TLS 1.3" if args.tls else "")}), flush=True)
+                      + (", TLS 1.3" if args.tls else "")
+                      + (", TLS 1.3 by start_tls" if args.starttls else "")}), flush=True)
     await wait_for_go()
     meter.counting = True
     started = time.perf_counter()
@@ -299,11 +344,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=1.0)
     parser.add_argument("--tls", action="store_true",
                         help=f"over TLS 1.3 ({', '.join(TLS_KINDS)})")
+    parser.add_argument("--starttls", action="store_true",
+                        help=f"plain, then TLS 1.3 by start_tls ({', '.join(STARTTLS_KINDS)})")
     parser.add_argument("--mode", choices=fairness.MODES, default="close",
                         help="fairness: connection lifetimes")
     args = parser.parse_args()
     if args.tls and args.kind not in TLS_KINDS:
         parser.error(f"--tls: kinds {', '.join(TLS_KINDS)} only")
+    if args.starttls and (args.kind not in STARTTLS_KINDS or args.tls):
+        parser.error(f"--starttls: kinds {', '.join(STARTTLS_KINDS)} only, without --tls")
     raise_fd_limit()
     if args.port is None:
         args.port = int(sys.stdin.readline())

@@ -153,8 +153,7 @@ class Unsupported(Exception):
 
 def server_command(w: Workload, loop: str) -> list[str]:
     return processes.python("-m", "benchmarks.workloads.server", "--kind", w.server,
-                            "--loop", loops.preset(loop), *w.server_args,
-                            *(("--tls",) if w.tls else ()))
+                            "--loop", loops.preset(loop), *w.server_args, *_tls_flag(w))
 
 
 def client_command(w: Workload, warmup: float, duration: float,
@@ -171,7 +170,12 @@ def client_command(w: Workload, warmup: float, duration: float,
         "-m", "benchmarks.workloads.client", "--kind", kind,
         "--concurrency", str(w.concurrency), "--request", str(w.request),
         "--response", str(w.response), "--path", path or w.path,
-        "--warmup", str(warmup), "--duration", str(duration), *(("--tls",) if w.tls else ()))
+        "--warmup", str(warmup), "--duration", str(duration), *_tls_flag(w))
+
+
+def _tls_flag(w: Workload) -> tuple[str, ...]:
+    """The server's and the built-in client's TLS option for *w*."""
+    return ("--starttls",) if w.starttls else ("--tls",) if w.tls else ()
 
 
 def per_unit(counts: dict[str, int], units: float) -> dict[str, float]:

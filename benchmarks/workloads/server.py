@@ -28,6 +28,14 @@ has the certificates).  A loop whose ``create_server(ssl=)`` refuses
 (NotImplementedError, or a TypeError for the keyword) says so instead of
 listening (control.unsupported), and the runner notes it.
 
+``--starttls`` serves ``echo-protocol`` over TLS 1.3 reached as SMTP and
+PostgreSQL reach it: each connection starts plain, the client sends
+``STARTTLS`` and its line, the server answers ``OK`` and its line, and both
+sides call ``loop.start_tls()``; then the echo.  Before listening, the
+server makes one such upgrade over a socket pair of its own, so that a loop
+without ``start_tls`` says so (control.unsupported) instead of failing its
+clients.
+
 A floor (``--loop floor``, ``floor-tls-bio``, ``floor-tls-socket``) runs no
 event loop: benchmarks.workloads.floors serves it, the least a Python echo
 server executes, so the CPU time per request of each loop can be read
@@ -56,6 +64,11 @@ KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "sp
          "uvicorn")
 #: The kinds that serve over TLS with --tls.
 TLS_KINDS = ("echo-protocol", "http")
+#: The kinds that serve over TLS with --starttls.
+STARTTLS_KINDS = ("echo-protocol",)
+#: The plain exchange before start_tls: the client's line, the server's answer.
+STARTTLS = b"STARTTLS\n"
+STARTTLS_OK = b"OK\n"
 
 
 class EchoProtocol(asyncio.Protocol):
@@ -64,6 +77,87 @@ class EchoProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)
+
+
+class UpgradedEcho(EchoProtocol):
+    """EchoProtocol for a transport start_tls returns: the data that comes
+    in the handshake's last read reaches the protocol before start_tls has
+    returned its transport (TLS 1.3 clients send their first request with
+    their Finished), so it waits for connection_made."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.early: list[bytes] = []
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        for data in self.early:
+            transport.write(data)
+        self.early.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            self.early.append(data)
+        else:
+            self.transport.write(data)
+
+
+class StartTlsEcho(asyncio.Protocol):
+    """Plain until the client's STARTTLS line; then the OK line, start_tls
+    on the server side, and UpgradedEcho over the TLS transport it returns.
+    The client sends nothing more before the OK, so no TLS record reaches
+    this plain protocol."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.context = context
+        self.line = b""
+        self.upgrade: asyncio.Task[None] | None = None  # held: tasks are weakly referenced
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.line += data
+        if len(self.line) < len(STARTTLS):
+            return
+        if self.line != STARTTLS or self.upgrade is not None:
+            self.transport.abort()  # not the benchmark's client
+            return
+        self.transport.write(STARTTLS_OK)
+        self.upgrade = asyncio.ensure_future(self._upgrade())
+
+    async def _upgrade(self) -> None:
+        echo = UpgradedEcho()
+        try:
+            transport = await asyncio.get_running_loop().start_tls(
+                self.transport, echo, self.context, server_side=True)
+        except (TimeoutError, OSError, ssl.SSLError):
+            self.transport.abort()  # the client went away during the handshake
+            return
+        echo.connection_made(transport)
+
+
+async def probe_start_tls(context: ssl.SSLContext) -> None:
+    """One upgrade over a socket pair, both ends on this loop; raises what
+    the loop's start_tls raises."""
+    import socket
+
+    loop = asyncio.get_running_loop()
+    pair = socket.socketpair()
+    made: list[Any] = []
+    try:
+        for sock in pair:
+            made.append((await loop.create_connection(asyncio.Protocol, sock=sock))[0])
+        made += await asyncio.wait_for(asyncio.gather(
+            loop.start_tls(made[0], asyncio.Protocol(), context, server_side=True),
+            loop.start_tls(made[1], asyncio.Protocol(), tls.client_context(),
+                           server_hostname=tls.HOSTNAME)), 30)
+    finally:
+        for transport in made:
+            transport.abort()
+        await asyncio.sleep(0)  # the aborts' connection_lost closes the sockets
+        for sock in pair[len(made):]:  # the ones no transport took
+            sock.close()
 
 
 class EchoBufferedProtocol(asyncio.BufferedProtocol):
@@ -183,9 +277,16 @@ async def serve(args: argparse.Namespace) -> None:
     stop = loop.create_future()
     runner = None
     server: Any
-    context: ssl.SSLContext | None = tls.server_context() if args.tls else None
+    context: ssl.SSLContext | None = (tls.server_context() if args.tls or args.starttls
+                                      else None)
     try:
-        if args.kind == "http":
+        if args.starttls:
+            assert context is not None
+            await probe_start_tls(context)
+            tls_context = context
+            server = await loop.create_server(lambda: StartTlsEcho(tls_context), "127.0.0.1",
+                                              0, backlog=1024)
+        elif args.kind == "http":
             from aiohttp import web
 
             runner = web.AppRunner(http_app(), access_log=None)
@@ -206,12 +307,13 @@ async def serve(args: argparse.Namespace) -> None:
             }[args.kind]
             server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1024,
                                               ssl=context)
-    except (NotImplementedError, TypeError) as exc:
+    except (NotImplementedError, TypeError, AttributeError) as exc:
         if context is None:
             raise
-        # A peer without TLS servers: noted by the runner, never faked.
-        unsupported(f"{type(loop).__module__}.{type(loop).__qualname__}: create_server"
-                    f"(ssl=) raised {type(exc).__name__}: {exc}")
+        # A peer without TLS servers or start_tls: noted by the runner, never faked.
+        what = "start_tls()" if args.starttls else "create_server(ssl=)"
+        unsupported(f"{type(loop).__module__}.{type(loop).__qualname__}: {what} "
+                    f"raised {type(exc).__name__}: {exc}")
         return
     listening(server.sockets[0].getsockname()[1],
               f"{type(loop).__module__}.{type(loop).__qualname__}", checkout.relaxed_package())
@@ -232,16 +334,21 @@ def main() -> None:
     parser.add_argument("--piece", type=int, default=64, help="pieces: bytes per write")
     parser.add_argument("--tls", action="store_true",
                         help=f"over TLS 1.3 ({', '.join(TLS_KINDS)})")
+    parser.add_argument("--starttls", action="store_true",
+                        help=f"plain, then TLS 1.3 by start_tls ({', '.join(STARTTLS_KINDS)})")
     args = parser.parse_args()
     if args.tls and args.kind not in TLS_KINDS:
         parser.error(f"--tls serves --kind {' or '.join(TLS_KINDS)} only")
+    if args.starttls and (args.kind not in STARTTLS_KINDS or args.tls):
+        parser.error(f"--starttls serves --kind {' or '.join(STARTTLS_KINDS)} only, "
+                     "without --tls")
     raise_fd_limit()
     if args.kind == "uvicorn":  # uvicorn makes the loop itself, from its --loop option
         asgi.serve(args.loop)
         return
     spec = loops.SPECS[args.loop]
     if spec.kind == "floor":
-        kind = args.kind + ("+tls" if args.tls else "")
+        kind = args.kind + ("+tls" if args.tls else "+starttls" if args.starttls else "")
         if kind not in spec.serves:
             parser.error(f"--loop {args.loop} serves {', '.join(spec.serves)} only")
         floors.serve(args.loop)
