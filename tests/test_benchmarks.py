@@ -1063,6 +1063,39 @@ def test_instructions_parse_and_arithmetic() -> None:
     assert rows[2] == ["relaxed-eager", "17,500", "6,500", f"0.50{X}", "60,000", f"0.75{X}"]
 
 
+_TRANSPORTS_OF_A_COUNT = """
+import json, sys
+from benchmarks.counts import driver
+seen = []
+made = driver.Echo.connection_made
+def connection_made(self, transport):
+    seen.append(type(transport).__module__)
+    made(self, transport)
+driver.Echo.connection_made = connection_made
+driver.child(sys.argv[1], 1024, 5)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["asyncio+aiofastnet", "uvloop+aiofastnet"])
+def test_the_counts_serve_an_aiofastnet_pairing_on_its_own_transports(name: str) -> None:
+    """aiofastnet.patch_loop leaves connect_accepted_socket stock's: the
+    count's echo must come through aiofastnet's, or it counts stock's.  In a
+    process of its own, as the count runs it (driver.child leaves its
+    transports to the process's exit)."""
+    why = loops.missing(name)
+    if why:
+        pytest.skip(why)
+    from benchmarks.counts import driver
+
+    out = subprocess.run([sys.executable, "-c", _TRANSPORTS_OF_A_COUNT, name],
+                         capture_output=True, text=True, timeout=100, check=True,
+                         cwd=processes.ROOT)
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert len(seen) == driver.PAIRS and all(m.startswith("aiofastnet") for m in seen), seen
+
+
 def test_instructions_without_valgrind_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
