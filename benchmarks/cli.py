@@ -58,13 +58,14 @@ def _ints(text: str) -> list[int]:
 
 def _size(text: str) -> int | str:
     """A size of the count tools: bytes, or the tls, http or life workload."""
-    if text in (driver.HTTP, driver.TLS, driver.LIFE):
+    if text in (driver.HTTP, driver.TLS, driver.STARTTLS, driver.LIFE):
         return text
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, {driver.TLS} "
-                                         f"(1 KiB over TLS), {driver.HTTP} or "
+                                         f"(1 KiB over TLS), {driver.STARTTLS} (the same "
+                                         f"after start_tls), {driver.HTTP} or "
                                          f"{driver.LIFE} (a connection's life)") from None
 
 
@@ -174,6 +175,7 @@ def parser() -> argparse.ArgumentParser:
     _loops_option(i, instructions.DEFAULT_LOOPS)
     i.add_argument("--sizes", type=_sizes, default=list(instructions.DEFAULT_SIZES),
                    help="message sizes in bytes, tls for the 1 KiB echo over TLS 1.3, "
+                   "starttls for the same reached by start_tls, "
                    "http for the aiohttp workload (1024,102400)")
     _baseline_option(i, "count")
     i.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")

@@ -1072,28 +1072,44 @@ def connection_made(self, transport):
     seen.append(type(transport).__module__)
     made(self, transport)
 driver.Echo.connection_made = connection_made
-driver.child(sys.argv[1], 1024, 5)
+size = sys.argv[2]
+driver.child(sys.argv[1], int(size) if size.isdigit() else size, 5)
 print(json.dumps(seen))
 """
+
+
+def _transports_of_a_count(name: str, size: str) -> list[str]:
+    """The modules of the transports a count's echo protocols were given,
+    from a process of its own, as the count runs it (driver.child leaves its
+    transports to the process's exit)."""
+    out = subprocess.run([sys.executable, "-c", _TRANSPORTS_OF_A_COUNT, name, size],
+                         capture_output=True, text=True, timeout=100, check=True,
+                         cwd=processes.ROOT)
+    return list(json.loads(out.stdout.splitlines()[-1]))
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["asyncio+aiofastnet", "uvloop+aiofastnet"])
 def test_the_counts_serve_an_aiofastnet_pairing_on_its_own_transports(name: str) -> None:
     """aiofastnet.patch_loop leaves connect_accepted_socket stock's: the
-    count's echo must come through aiofastnet's, or it counts stock's.  In a
-    process of its own, as the count runs it (driver.child leaves its
-    transports to the process's exit)."""
+    count's echo must come through aiofastnet's, or it counts stock's."""
     why = loops.missing(name)
     if why:
         pytest.skip(why)
     from benchmarks.counts import driver
 
-    out = subprocess.run([sys.executable, "-c", _TRANSPORTS_OF_A_COUNT, name],
-                         capture_output=True, text=True, timeout=100, check=True,
-                         cwd=processes.ROOT)
-    seen = json.loads(out.stdout.splitlines()[-1])
+    seen = _transports_of_a_count(name, "1024")
     assert len(seen) == driver.PAIRS and all(m.startswith("aiofastnet") for m in seen), seen
+
+
+@pytest.mark.timeout(120)
+def test_the_starttls_count_serves_transports_start_tls_made(tls_dir: Path) -> None:
+    """--sizes starttls: each served end plain, then upgraded by the loop's
+    start_tls (stock's: its SSLProtocol's transport), the clients' handshakes
+    only once every start_tls has the transport's reads."""
+    from benchmarks.counts import driver
+
+    assert _transports_of_a_count("asyncio", "starttls") == ["asyncio.sslproto"] * driver.PAIRS
 
 
 def test_instructions_without_valgrind_says_so(

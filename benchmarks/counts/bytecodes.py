@@ -133,7 +133,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
                   "no bytecode to count", file=sys.stderr)
         else:
             names.append(name)
-    if size == driver.TLS:
+    if size in (driver.TLS, driver.STARTTLS):
         tls.ensure()  # the certificates, once, for every child
     started = results.stamp(results.now())
     result: dict[str, dict[str, tuple[str, float]]] = {}
@@ -147,6 +147,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     (head, body), (fn_head, fn_body) = count_tables(result, top)
     line = "python -m benchmarks " + " ".join(command[1:])
     label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3",
+             driver.STARTTLS: "1 KiB echo over TLS 1.3 reached by start_tls",
              driver.LIFE: "a connection's life (connect, 1 KiB echo, close)"}.get(
         str(size), f"{size} B echo")
     doc = {"started": started, "command": line, "python": sys.version, "size": size,
@@ -171,7 +172,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
 
 def child_main(loop_name: str, size: str, rounds: str) -> None:
     """``--child LOOP SIZE ROUNDS``: count one run, print its JSON last."""
-    named = (driver.HTTP, driver.TLS, driver.LIFE)
+    named = (driver.HTTP, driver.TLS, driver.STARTTLS, driver.LIFE)
     counted = count(loop_name, size if size in named else int(size),
                     int(rounds))
     sys.stdout.flush()

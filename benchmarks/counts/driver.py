@@ -14,6 +14,10 @@ process, so both drive it in-process:
   served ends through ``connect_accepted_socket(ssl=)``, the client ends
   non-blocking ``ssl.SSLSocket`` objects whose handshakes are pumped from a
   loop callback before the first round;
+* ``starttls``: the same, the served ends plain through
+  ``connect_accepted_socket`` and then upgraded by ``loop.start_tls()``
+  (asyncpg's and SMTP's way to TLS), so against ``tls`` it is the cost of
+  the loop's start_tls path beside its ``ssl=`` path;
 * ``http``: an aiohttp app on the loop under test, ``GET /`` answering 0
   bytes, over ``PAIRS`` keep-alive connections driven the same way (one
   request per connection per round, the next round once the handler has
@@ -56,6 +60,7 @@ WARMUP_ROUNDS = 100
 #: of a connection's life.
 HTTP = "http"
 TLS = "tls"
+STARTTLS = "starttls"
 LIFE = "life"
 LIFE_SIZE = 1024
 TLS_SIZE = 1024
@@ -171,9 +176,9 @@ class Driver:
 
 def child(loop_name: str, size: int | str, rounds: int,
           on_round: Callable[[int], None] | None = None) -> None:
-    """One echo run (*size* bytes, or TLS for 1 KiB over TLS) of *rounds*
-    after the warm-up, on loop *loop_name* or the floor."""
-    over_tls = size == TLS
+    """One echo run (*size* bytes, TLS or STARTTLS for 1 KiB over TLS) of
+    *rounds* after the warm-up, on loop *loop_name* or the floor."""
+    over_tls = size in (TLS, STARTTLS)
     nbytes = TLS_SIZE if over_tls else int(size)
     served, clients = _pairs(nbytes, over_tls)
     driver = Driver(clients, nbytes, WARMUP_ROUNDS + rounds, on_round)
@@ -206,11 +211,24 @@ def child(loop_name: str, size: int | str, rounds: int,
 
     accept = _connect_accepted_socket(loop_name, loop)
 
+    async def upgrade(transport: Any) -> None:
+        echo = Echo(round_done)
+        echo.connection_made(await loop.start_tls(transport, echo, context, server_side=True))
+
     async def serve_all() -> None:
+        if size == STARTTLS:
+            plain = await asyncio.gather(*(accept(asyncio.Protocol, sock) for sock in served))
+            upgrades = [asyncio.ensure_future(upgrade(transport)) for transport, _ in plain]
+            # The clients' first flight only once every start_tls has taken
+            # its transport's reads, or a plain protocol would get it.
+            await asyncio.sleep(0)
+            loop.call_soon(pump)
+            await asyncio.gather(*upgrades)
+            return
         await asyncio.gather(*(
             accept(lambda: Echo(round_done), sock, ssl=context) for sock in served))
 
-    if context is not None:
+    if context is not None and size != STARTTLS:
         loop.call_soon(pump)
     loop.run_until_complete(serve_all())
     while not _shake(clients):  # the last client may still wait for its last flight
@@ -453,7 +471,7 @@ def floor_tls(served: list[socket.socket], driver: Driver) -> None:
 
 def run(loop_name: str, size: int | str, rounds: int,
         on_round: Callable[[int], None] | None = None) -> None:
-    """The workload of *size* (bytes, TLS, HTTP or LIFE) on *loop_name*."""
+    """The workload of *size* (bytes, TLS, STARTTLS, HTTP or LIFE) on *loop_name*."""
     if size == HTTP:
         http_child(loop_name, rounds, on_round)
     elif size == LIFE:
