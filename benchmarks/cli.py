@@ -58,7 +58,7 @@ def _ints(text: str) -> list[int]:
 
 def _size(text: str) -> int | str:
     """A size of the count tools: bytes, or the tls, http or life workload."""
-    if text in (driver.HTTP, driver.TLS, driver.STARTTLS, driver.LIFE):
+    if text in driver.NAMED:
         return text
     try:
         return int(text)

@@ -133,7 +133,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
                   "no bytecode to count", file=sys.stderr)
         else:
             names.append(name)
-    if size in (driver.TLS, driver.STARTTLS):
+    if size in driver.OVER_TLS:
         tls.ensure()  # the certificates, once, for every child
     started = results.stamp(results.now())
     result: dict[str, dict[str, tuple[str, float]]] = {}
@@ -172,8 +172,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
 
 def child_main(loop_name: str, size: str, rounds: str) -> None:
     """``--child LOOP SIZE ROUNDS``: count one run, print its JSON last."""
-    named = (driver.HTTP, driver.TLS, driver.STARTTLS, driver.LIFE)
-    counted = count(loop_name, size if size in named else int(size),
+    counted = count(loop_name, size if size in driver.NAMED else int(size),
                     int(rounds))
     sys.stdout.flush()
     print(json.dumps(counted))

@@ -62,6 +62,9 @@ HTTP = "http"
 TLS = "tls"
 STARTTLS = "starttls"
 LIFE = "life"
+#: The workloads named, not sized in bytes, and those of them over TLS.
+NAMED = (HTTP, TLS, STARTTLS, LIFE)
+OVER_TLS = (TLS, STARTTLS)
 LIFE_SIZE = 1024
 TLS_SIZE = 1024
 HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
@@ -178,7 +181,7 @@ def child(loop_name: str, size: int | str, rounds: int,
           on_round: Callable[[int], None] | None = None) -> None:
     """One echo run (*size* bytes, TLS or STARTTLS for 1 KiB over TLS) of
     *rounds* after the warm-up, on loop *loop_name* or the floor."""
-    over_tls = size in (TLS, STARTTLS)
+    over_tls = size in OVER_TLS
     nbytes = TLS_SIZE if over_tls else int(size)
     served, clients = _pairs(nbytes, over_tls)
     driver = Driver(clients, nbytes, WARMUP_ROUNDS + rounds, on_round)
@@ -212,6 +215,7 @@ def child(loop_name: str, size: int | str, rounds: int,
     accept = _connect_accepted_socket(loop_name, loop)
 
     async def upgrade(transport: Any) -> None:
+        assert context is not None  # STARTTLS is over TLS
         echo = Echo(round_done)
         echo.connection_made(await loop.start_tls(transport, echo, context, server_side=True))
 

@@ -72,7 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.counts import driver
-from benchmarks.counts.driver import FLOOR, HTTP, LIFE, PAIRS, STARTTLS, TLS, WARMUP_ROUNDS
+from benchmarks.counts.driver import FLOOR, HTTP, LIFE, PAIRS, TLS, WARMUP_ROUNDS
 from benchmarks.harness import checkout, loops, processes, results, tables, tls
 
 #: The two run lengths whose difference is measured: 5,000 requests apart
@@ -155,7 +155,7 @@ def table(result: dict[str, dict[str, float]],
         if size == LIFE:
             head += ["a connection's life: instr/conn", "vs asyncio"]
             continue
-        if size in (TLS, STARTTLS):
+        if size in driver.OVER_TLS:
             label = f"{'TLS' if size == TLS else 'start_tls'} {driver.TLS_SIZE // 1024} KiB"
         else:
             label = f"{size // 1024} KiB" if int(size) % 1024 == 0 else f"{size} B"
@@ -187,8 +187,7 @@ def table(result: dict[str, dict[str, float]],
 
 def child_main(loop_name: str, size: str, rounds: str) -> None:
     """What valgrind runs (``--child LOOP SIZE ROUNDS``): one echo or http run."""
-    driver.run(loop_name, size if size in (HTTP, TLS, STARTTLS, LIFE) else int(size),
-               int(rounds))
+    driver.run(loop_name, size if size in driver.NAMED else int(size), int(rounds))
 
 
 def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path | None,
@@ -221,13 +220,13 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
     if HTTP in sizes and importlib.util.find_spec("aiohttp") is None:
         print("note: the http workload skipped: aiohttp is not installed", file=sys.stderr)
         sizes.remove(HTTP)
-    for over_tls in (TLS, STARTTLS):
-        if over_tls not in sizes:
-            continue
+    over_tls = [size for size in sizes if size in driver.OVER_TLS]
+    if over_tls:
         why = tls.missing()
         if why:
-            print(f"note: the {over_tls} workload skipped: {why}", file=sys.stderr)
-            sizes.remove(over_tls)
+            for size in over_tls:
+                print(f"note: the {size} workload skipped: {why}", file=sys.stderr)
+                sizes.remove(size)
         else:
             tls.ensure()  # the certificates, once, before valgrind starts a child
     if baseline is not None:
