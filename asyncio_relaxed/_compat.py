@@ -60,6 +60,7 @@ __all__ = [
     "STOCK_PROCESS_EVENTS",
     "TLS_ABORT_PASSES_EXC",
     "TLS_CLOSING_WITH_SOCKET",
+    "START_TLS_TAKES_STREAM_BUFFER",
     "TRANSPORT_EXTRA_SLOT",
     "AppProtocolState",
     "FlowControlMixin",
@@ -80,6 +81,7 @@ __all__ = [
     "format_callback_source",
     "format_handle",
     "loop_logger",
+    "move_stream_buffer",
     "run",
     "server_active_count",
     "server_attach",
@@ -140,6 +142,25 @@ FLOW_CONTROL_HIGH_WATER_SSL_READ: int = _constants.FLOW_CONTROL_HIGH_WATER_SSL_R
 FLOW_CONTROL_HIGH_WATER_SSL_WRITE: int = _constants.FLOW_CONTROL_HIGH_WATER_SSL_WRITE
 TLS_ABORT_PASSES_EXC = len(inspect.signature(sslproto.SSLProtocol._abort).parameters) > 1
 TLS_CLOSING_WITH_SOCKET = hasattr(sslproto.SSLProtocol, "_is_transport_closing")
+# gh-142352 (3.14+, and patch releases that carry it): a server-side
+# start_tls() moves what its StreamReader had buffered into the TLS layer's
+# incoming BIO; probed on the names base_events.start_tls's code uses.
+START_TLS_TAKES_STREAM_BUFFER = (
+    "StreamReaderProtocol" in _base_events.BaseEventLoop.start_tls.__code__.co_names)
+
+
+def move_stream_buffer(protocol: Any, incoming: ssl.MemoryBIO) -> None:
+    """base_events.start_tls's step for gh-142352: the bytes a
+    StreamReaderProtocol's reader holds go to *incoming*."""
+    from asyncio.streams import StreamReaderProtocol
+
+    if isinstance(protocol, StreamReaderProtocol):
+        reader = getattr(protocol, "_stream_reader", None)
+        if reader is not None:
+            buffer = reader._buffer
+            if buffer:
+                incoming.write(buffer)
+                buffer.clear()
 
 
 def ssl_object_core(sslobj: Any) -> Any:

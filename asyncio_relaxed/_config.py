@@ -91,8 +91,8 @@ class Poller(enum.StrEnum):
 class TlsMode(enum.StrEnum):
     """Which transport carries a TLS connection."""
 
-    #: The loop's own: one object per connection holds the socket, the
-    #: SSLObject and its memory BIOs (asyncio_relaxed/_tls.py).
+    #: The loop's own TLS layer (asyncio_relaxed/_tls.py) over the loop's
+    #: socket transport, for ssl= and start_tls() alike.
     OWN = "own"
     #: Stock asyncio's SSLProtocol over the loop's socket transport.
     STOCK = "stock"

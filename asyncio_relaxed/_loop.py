@@ -61,7 +61,7 @@ _EVENT_READ = selectors.EVENT_READ  # module globals: one lookup less per event
 _EVENT_WRITE = selectors.EVENT_WRITE
 # What loop.gauges() counts as a connection, and as one carrying TLS.
 _STREAMS = (SocketTransport, _compat.StockSocketTransport)
-_STOCK_SSL = _compat.SSLProtocol
+_TLS_LAYERS = (SSLTransport, _compat.SSLProtocol)
 
 # The poller's own select(): the loop polls through DeferredSelector.ready()
 # only while this is what the selector's select is (see _run_once).
@@ -172,7 +172,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if not isinstance(transport, _STREAMS) or transport._sock is None:
                 continue
             connections += 1
-            if isinstance(transport, SSLTransport) or isinstance(transport._protocol, _STOCK_SSL):
+            if isinstance(transport._protocol, _TLS_LAYERS):
                 tls += 1
             if not transport.is_reading():
                 reading_paused += 1
@@ -350,15 +350,63 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if _compat.PY314:
             self._ensure_fd_no_transport(rawsock)
         if self._shared.config.tls is TlsMode.OWN and _plain_socket(rawsock):
-            return SSLTransport(self, rawsock, protocol, sslcontext, waiter, server_side,
-                                server_hostname, extra, server, shared=self._shared,
-                                context=context, **timeouts)
+            layer = SSLTransport(self, protocol, sslcontext, waiter, server_side,
+                                 server_hostname, **timeouts)
+            SocketTransport(self, rawsock, layer, extra=extra, server=server,
+                            shared=self._shared, context=context)
+            return layer
         ssl_protocol = _compat.SSLProtocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
         )
         SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
                         shared=self._shared, context=context)
         return ssl_protocol._app_transport
+
+    async def start_tls(
+        self,
+        transport: Any,
+        protocol: Any,
+        sslcontext: Any,
+        *,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        ssl_handshake_timeout: float | None = None,
+        ssl_shutdown_timeout: float | None = None,
+    ) -> Any:
+        """Upgrade *transport* to TLS: under ``tls=own`` the loop's TLS layer
+        becomes its protocol (over one of the loop's socket transports, or
+        over a TLS layer: TLS over TLS), as stock's SSLProtocol does in
+        base_events.start_tls, step for step."""
+        timeouts = {"ssl_handshake_timeout": ssl_handshake_timeout,
+                    "ssl_shutdown_timeout": ssl_shutdown_timeout}
+        if self._shared.config.tls is not TlsMode.OWN:
+            return await super().start_tls(transport, protocol, sslcontext,
+                                           server_side=server_side,
+                                           server_hostname=server_hostname, **timeouts)
+        if not isinstance(sslcontext, ssl.SSLContext):
+            raise TypeError(f"sslcontext is expected to be an instance of ssl.SSLContext, "
+                            f"got {sslcontext!r}")
+        if not getattr(transport, "_start_tls_compatible", False):
+            raise TypeError(f"transport {transport!r} is not supported by start_tls()")
+        waiter = self.create_future()
+        layer = SSLTransport(self, protocol, sslcontext, waiter, server_side, server_hostname,
+                             call_connection_made=False, **timeouts)
+        # Paused first, so that no data reaches the layer before connection_made.
+        transport.pause_reading()
+        if server_side and _compat.START_TLS_TAKES_STREAM_BUFFER:
+            _compat.move_stream_buffer(protocol, layer._incoming)
+        transport.set_protocol(layer)
+        connection_made = self.call_soon(layer.connection_made, transport)
+        resume = self.call_soon(transport.resume_reading)
+        try:
+            await waiter
+        except BaseException:
+            transport.close()
+            connection_made.cancel()
+            resume.cancel()
+            waiter = None
+            raise
+        return layer
 
     # -- accept: the hooks stock calls (see _serving) ---------------------------
 

@@ -1,4 +1,4 @@
-"""The loop's own TLS transport: one object per connection.
+"""The loop's own TLS: a layer between a byte stream and the application.
 
 Theory of operation
 ===================
@@ -6,56 +6,64 @@ Theory of operation
 Stock asyncio carries a TLS connection in three objects: the socket's
 transport, an ``SSLProtocol`` (the TLS state machine, with an ``SSLObject``
 and two memory BIOs) as that transport's protocol, and an
-``_SSLProtocolTransport`` that the application sees.  Every read goes
-transport -> SSLProtocol.get_buffer/buffer_updated -> SSLObject ->
-data_received, every write app transport -> SSLProtocol -> SSLObject ->
-the socket's transport.write, each hop with its own flow control, and each
-connection holds a 256 KiB receive buffer of its own besides the fresh
-256 KiB ``bytes`` each copied read allocates.
+``_SSLProtocolTransport`` that the application sees.  Each connection holds
+a 256 KiB receive buffer of its own besides the fresh 256 KiB ``bytes``
+each copied read allocates.
 
 :class:`SSLTransport` (named as stock's transports are: code and tests look
-for "ssl" in the class name) is all three: a :class:`~asyncio_relaxed._transport.SocketTransport`
-that owns the SSLObject and its BIOs and runs stock's state machine
-(``sslproto.SSLProtocol``'s, ported method by method, so its states, timeouts,
-error types and texts are stock's on every Python version):
+for "ssl" in the class name) is the last two in one object: the protocol of
+the byte stream below it and the transport of the application's protocol
+above it.  It runs stock's state machine (``sslproto.SSLProtocol``'s,
+ported method by method, so its states, timeouts, error types and texts are
+stock's on every Python version).  The byte stream is one of the loop's
+socket transports (``ssl=``, ``start_tls()`` on a plain connection) or
+another TLS layer (``start_tls()`` on a TLS connection: TLS over TLS).  The
+two meet only through the byte stream's transport and protocol methods:
 
-* *Reads.*  Ciphertext is read into the loop's one buffer
-  (``recv_into``) and written to the incoming BIO; decrypted data for a
-  plain Protocol is read back into the same buffer and handed over as one
-  exact-size ``bytes`` per readiness event (stock reads each record into a
-  fresh 256 KiB ``bytes``); a BufferedProtocol gets it in its own buffer.
+* *Down*: ``write`` (records), ``pause_reading``/``resume_reading`` (the
+  incoming BIO's marks), ``close`` (after close_notify), ``abort`` and
+  ``_force_close`` (failures, timeouts), ``get_extra_info`` and
+  ``is_closing``.
+* *Up*: ``connection_made`` (the handshake starts), ``get_buffer`` and
+  ``buffer_updated`` (ciphertext, read into the loop's one buffer),
+  ``eof_received``, ``pause_writing``/``resume_writing`` (the byte stream's
+  buffer over its marks pauses this layer, whose records then wait in the
+  outgoing BIO), ``connection_lost``.
+
+What it does with them:
+
+* *Reads.*  Ciphertext arrives in the loop's one buffer and goes to the
+  incoming BIO; decrypted data for a plain Protocol is read back into the
+  same buffer and handed over as one exact-size ``bytes`` per readiness
+  event (stock reads each record into a fresh 256 KiB ``bytes``); a
+  BufferedProtocol (a TLS layer above, say) gets it in its own buffer.
 * *Writes.*  ``write()`` encrypts at once (the TLS records go to the
-  outgoing BIO) and the records go to the socket's send path as any write
-  would: sent from ``write()`` in eager mode, or queued for the end of the
-  iteration in deferred mode, where everything a callback wrote leaves as
-  one batch of records in one ``sendmsg``.  Data written before the
-  handshake waits in a backlog, as stock's does.
-* *Flow control* has stock's two levels.  The socket's buffer over its
-  marks (64 KiB, the socket transport's) pauses the TLS layer, whose
-  records then wait in the outgoing BIO (``pause_writing``/``resume_writing``,
-  also reachable as ``transport._ssl_protocol``, as code written for stock
-  reaches them); the application's marks (512 KiB and a quarter) count the
-  backlog and the outgoing BIO, as stock's do, and call the protocol's
+  outgoing BIO) and the records go to the byte stream's ``write``: on a
+  socket's transport, sent from ``write()`` in eager mode, or queued for the
+  end of the iteration in deferred mode, where everything a callback wrote
+  leaves as one batch of records in one ``sendmsg``.  Data written before
+  the handshake waits in a backlog, as stock's does.
+* *Flow control* has stock's two levels: the byte stream's marks pause this
+  layer; the application's marks (512 KiB and a quarter) count the backlog
+  and the outgoing BIO, as stock's do, and call the protocol's
   ``pause_writing``/``resume_writing``.  Reading has stock's marks on the
   incoming BIO (256 KiB).
 * *States*: UNWRAPPED -> DO_HANDSHAKE -> WRAPPED -> FLUSHING -> SHUTDOWN,
   stock's ``SSLProtocolState``; ``close()`` flushes, sends close_notify and
   waits ``ssl_shutdown_timeout`` for the peer's; a peer's close_notify is
   EOF to the protocol; ``ssl_handshake_timeout`` aborts a handshake that
-  takes longer.  When the socket's transport would have called
-  ``SSLProtocol.connection_lost``, this transport runs the same steps and
-  schedules the protocol's ``connection_lost`` as stock does.
+  takes longer.  The protocol's ``connection_lost`` is scheduled from the
+  byte stream's, as stock schedules it.
 
 What stock keeps on its own objects and code in the wild reads is here too:
 ``get_extra_info`` (``sslcontext``, and after the handshake ``peercert``,
-``cipher``, ``compression``, ``ssl_object``, before the socket's keys),
-``_ssl_protocol`` (this object), ``_app_reading_paused`` (the application
-paused reading, read by CPython's own tests), ``_protocol_paused`` (the
-application's writing paused, read by loop.sendfile's fallback), ``_test__append_write_backlog``
-(stock's test hook), ``get_read_buffer_limits`` and its siblings.
-
-TLS over TLS (``start_tls`` on a TLS transport) and ``start_tls`` itself go
-through stock's SSLProtocol over this loop's transports.
+``cipher``, ``compression``, ``ssl_object``, before the byte stream's keys),
+``_ssl_protocol`` (this object), ``_transport`` (the byte stream),
+``_incoming`` (start_tls moves a StreamReader's buffer there, 3.14+),
+``_app_reading_paused`` (the application paused reading, read by CPython's
+own tests), ``_protocol_paused`` (the application's writing paused, read by
+loop.sendfile's fallback), ``_test__append_write_backlog`` (stock's test
+hook), ``get_read_buffer_limits`` and its siblings.
 """
 
 from __future__ import annotations
@@ -63,13 +71,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import warnings
 from typing import Any
 
 from . import _compat
 from ._shared import TransportShared
-from ._transport import SocketTransport
 
 __all__ = ["SSLTransport"]
+
+_Base: Any = _compat.FlowControlMixin
 
 _State = _compat.SSLProtocolState
 _UNWRAPPED = _State.UNWRAPPED
@@ -96,11 +106,16 @@ _OUT_HIGH, _OUT_LOW = _compat.flow_control_defaults(None, None,
                                                     _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
 
 
-class SSLTransport(SocketTransport):
-    """A TLS connection over a non-blocking socket: the socket's transport,
-    stock's SSLProtocol and the application's transport in one object."""
+class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
+                   metaclass=_compat.SlotsWithDict):
+    """A TLS connection as a layer: the protocol of the byte stream below
+    (a socket's transport, or another TLS layer) and the transport of the
+    application's protocol above, stock's SSLProtocol and its app transport
+    in one object."""
 
     __slots__ = (
+        "__dict__",
+        "__weakref__",
         "_app_buffered",
         "_app_high",
         "_app_low",
@@ -117,10 +132,12 @@ class SSLTransport(SocketTransport):
         "_in_high",
         "_in_low",
         "_incoming",
+        "_lower",
         "_outgoing",
-        "_raw_paused",
+        "_protocol",
         "_server_hostname",
         "_server_side",
+        "_shared",
         "_shutdown_timeout",
         "_shutdown_timer",
         "_ssl",
@@ -134,7 +151,10 @@ class SSLTransport(SocketTransport):
         "_waiter",
     )
 
-    # Read by base_events.start_tls and base_events.sendfile: stock's TLS
+    _loop: Any  # FlowControlMixin's slots, which mypy sees as Any
+    _protocol_paused: bool  # the application's writing is paused
+
+    # Read by base_events.start_tls and base_events.sendfile: a TLS
     # transport serves sendfile through the fallback (it must encrypt).
     _start_tls_compatible = True
     _sendfile_compatible = _compat.SENDFILE_FALLBACK
@@ -142,21 +162,18 @@ class SSLTransport(SocketTransport):
     def __init__(
         self,
         loop: Any,
-        sock: socket.socket,
         protocol: Any,
         sslcontext: Any,
         waiter: Any = None,
         server_side: bool = False,
         server_hostname: str | None = None,
-        extra: dict[str, Any] | None = None,
-        server: Any = None,
         *,
-        shared: TransportShared,
         ssl_handshake_timeout: float | None = None,
         ssl_shutdown_timeout: float | None = None,
-        context: Any = None,
+        call_connection_made: bool = True,
     ) -> None:
         # SSLProtocol.__init__'s checks and defaults, before anything exists.
+        self._closed = True  # __del__ reads it even if __init__ fails
         if ssl_handshake_timeout is None:
             ssl_handshake_timeout = _compat.DEFAULT_SSL_TIMEOUTS[0]
         elif ssl_handshake_timeout <= 0:
@@ -169,6 +186,10 @@ class SSLTransport(SocketTransport):
                              f"got {ssl_shutdown_timeout}")
         if not sslcontext:
             sslcontext = _compat.create_tls_context(server_side, server_hostname)
+        _Base.__init__(self, None, loop)
+        self._shared: TransportShared = loop._shared
+        self._lower: Any = None  # the byte stream, from connection_made to connection_lost
+        self._protocol: Any = None
         self._server_side = server_side
         self._server_hostname = server_hostname if server_hostname and not server_side else None
         self._sslcontext = sslcontext
@@ -187,7 +208,8 @@ class SSLTransport(SocketTransport):
         self._shutdown_timer: Any = None
         self._handshake_start: float | None = None
         self._state = _UNWRAPPED
-        self._app_state = _App.STATE_INIT
+        # start_tls() upgrades a connection whose protocol is connected already.
+        self._app_state = _App.STATE_INIT if call_connection_made else _App.STATE_CON_MADE
         self._waiter = waiter
         # Application data written before the handshake (stock's backlog):
         # a list only once some had to wait.
@@ -196,25 +218,48 @@ class SSLTransport(SocketTransport):
         self._ssl_info: tuple[Any, Any, Any] | None = None  # peercert, cipher, compression
         self._ssl_lost = 0  # SSLProtocol._conn_lost: writes after close, counted
         self._closed = False  # the application's transport is closed (stock's _closed)
-        self._drop_ssl = False  # closed twice: the SSL objects go with the socket
+        self._drop_ssl = False  # closed twice: the SSL objects go with the connection
         self._eof_received = False
         self._app_reading_paused = False  # the application paused reading
         self._ssl_reading_paused = False  # the incoming BIO passed its high mark
-        self._ssl_writing_paused = False  # the socket's buffer paused the TLS layer
-        self._raw_paused = False  # ... and the socket's side knows it did
+        self._ssl_writing_paused = False  # the byte stream's buffer paused this layer
         self._app_high, self._app_low = _OUT_HIGH, _OUT_LOW
         self._in_high, self._in_low = _IN_HIGH, _IN_LOW
-        super().__init__(loop, sock, protocol, None, extra, server, shared=shared,
-                         context=context)
+        self.set_protocol(protocol)
 
-    def _schedule_start(self, waiter: Any) -> None:
-        """SSLProtocol.connection_made (the handshake starts), then reading:
-        stock's two handles, in one."""
-        self._call_soon(self._start)
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else self._state.name.lower()
+        return f"<{type(self).__name__} {state} over {self._lower!r}>"
 
-    def _start(self) -> None:
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        if not self._closed:
+            self._closed = True
+            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+
+    # -- the protocol of the byte stream below --------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        """SSLProtocol.connection_made: the handshake starts."""
+        self._lower = transport
         self._start_handshake()
-        self._start_reading()
+
+    def get_buffer(self, n: int) -> Any:
+        """Ciphertext is read into the loop's one buffer, as a memoryview: a
+        TLS layer below fills the rest of it through slices (which of a
+        bytearray or an mmap would be copies)."""
+        return self._shared.read_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """Ciphertext in the loop's buffer: to the incoming BIO, then the
+        state's step.  What this raises the byte stream reports as fatal."""
+        self._incoming.write(self._shared.read_view[:nbytes])
+        state = self._state
+        if state is _WRAPPED:
+            self._do_read()
+        elif state is _DO_HANDSHAKE:
+            self._do_handshake()
+        else:
+            self._step()
 
     # -- the application's transport ----------------------------------------
 
@@ -224,19 +269,18 @@ class SSLTransport(SocketTransport):
         return self
 
     @property
-    def _transport(self) -> SSLTransport | None:
-        """Stock's SSLProtocol's socket transport: this object too, until the
-        connection is lost (stock's is cleared then)."""
-        return self if self._sock is not None else None
+    def _transport(self) -> Any:
+        """Stock's SSLProtocol's transport: the byte stream below, until the
+        connection is lost."""
+        return self._lower
 
     def set_protocol(self, protocol: Any) -> None:
         self._protocol = protocol
-        self._protocol_connected = True
         self._app_buffered = (hasattr(protocol, "get_buffer")
                               and isinstance(protocol, asyncio.BufferedProtocol))
 
-    def _read_method(self, protocol: Any) -> Any:
-        return self._read_ready__tls
+    def get_protocol(self) -> Any:
+        return self._protocol
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "sslcontext":
@@ -246,13 +290,14 @@ class SSLTransport(SocketTransport):
             if name == "ssl_object":
                 return self._sslobj
             return info[_HANDSHAKE_KEYS.index(name)]
-        if self._sock is None:
+        lower = self._lower
+        if lower is None:
             return default  # stock's SSLProtocol has no transport left to ask
-        return super().get_extra_info(name, default)
+        return lower.get_extra_info(name, default)
 
     def is_closing(self) -> bool:
         if _compat.TLS_CLOSING_WITH_SOCKET:
-            return self._closed or (self._sock is not None and self._closing)
+            return self._closed or (self._lower is not None and self._lower.is_closing())
         return self._closed
 
     def close(self) -> None:
@@ -265,12 +310,17 @@ class SSLTransport(SocketTransport):
             # keeps its transport would keep alive.  This object still runs
             # the shutdown: it lets them go once the socket is gone.
             self._drop_ssl = True
-            if self._sock is None:
+            if self._lower is None:
                 self._sslobj = self._ssl = self._sslcontext = None
 
     def abort(self) -> None:
         self._closed = True
         self._abort(None)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        """Stock's app transport's: what a TLS layer above calls to abort."""
+        self._closed = True
+        self._abort(exc)
 
     def is_reading(self) -> bool:
         return not self._app_reading_paused
@@ -448,8 +498,8 @@ class SSLTransport(SocketTransport):
             self._do_flush()
 
     def _check_shutdown_timeout(self) -> None:
-        if self._state in (_FLUSHING, _SHUTDOWN) and self._sock is not None:
-            SocketTransport._force_close(self, TimeoutError("SSL shutdown timed out"))
+        if self._state in (_FLUSHING, _SHUTDOWN) and self._lower is not None:
+            self._lower._force_close(TimeoutError("SSL shutdown timed out"))
 
     def _do_flush(self) -> None:
         self._do_read()
@@ -491,14 +541,19 @@ class SSLTransport(SocketTransport):
             self._shutdown_timer = None
 
     def _close_socket(self) -> None:
-        """The socket's close (stock: the SSLProtocol's transport.close())."""
-        SocketTransport.close(self)
+        """The byte stream's close (stock: the SSLProtocol's transport.close())."""
+        if self._lower is not None:
+            self._lower.close()
 
     def _abort(self, exc: BaseException | None) -> None:
         self._set_state(_UNWRAPPED)
-        if self._sock is not None:
-            # 3.11-3.12 abort the socket's transport; 3.13+ pass the error.
-            SocketTransport._force_close(self, exc if _compat.TLS_ABORT_PASSES_EXC else None)
+        lower = self._lower
+        if lower is not None:
+            # 3.11-3.12 abort the byte stream; 3.13+ pass the error.
+            if _compat.TLS_ABORT_PASSES_EXC:
+                lower._force_close(exc)
+            else:
+                lower.abort()
 
     # -- SSLProtocol: the outgoing flow ------------------------------------------
 
@@ -543,8 +598,8 @@ class SSLTransport(SocketTransport):
         outgoing = self._outgoing
         if not self._ssl_writing_paused:
             records = outgoing.read()
-            if records:
-                SocketTransport.write(self, records)
+            if records and self._lower is not None:
+                self._lower.write(records)
         # _control_app_writing, called only where it can have work: paused,
         # or at the high-water mark.
         if self._protocol_paused or outgoing.pending + self._backlog_size >= self._app_high:
@@ -575,82 +630,24 @@ class SSLTransport(SocketTransport):
                 "protocol": self,
             })
 
-    # The socket's flow control: its buffer over its marks pauses the TLS
-    # layer, not the application (SocketTransport calls these).
-
-    def _maybe_pause_protocol(self) -> None:
-        if self._buffer_size > self._high_water and not self._raw_paused:
-            self._raw_paused = True
-            self._call_flow_control("pause_writing", self)
-
-    def _maybe_resume_protocol(self) -> None:
-        if self._raw_paused and self._buffer_size <= self._low_water:
-            self._raw_paused = False
-            self._call_flow_control("resume_writing", self)
-
-    def _write_now(self, vectored: bool = False) -> None:
-        SocketTransport._write_now(self, vectored)
-        if self._raw_paused:
-            self._maybe_resume_protocol()
-
-    def _write_done(self) -> None:
-        """Everything buffered went out: a paused TLS layer resumes first, as
-        stock's socket transport resumes its protocol before it looks at its
-        buffer again (the records it then writes, a close_notify say, go out
-        before a pending close ends the connection)."""
-        if self._raw_paused:
-            self._raw_paused = False
-            self._sending = True  # its writes are appended, decided on here
-            try:
-                self._call_flow_control("resume_writing", self)
-            finally:
-                self._sending = False
-            if self._buffer:
-                if not self._write_state:
-                    self._shared.queue(self)
-                return
-        SocketTransport._write_done(self)
+    # The byte stream's flow control: its buffer over its marks pauses this
+    # layer (its records then wait in the outgoing BIO), not the application.
 
     def pause_writing(self) -> None:
-        """SSLProtocol's: the socket's buffer passed its high-water mark."""
+        """SSLProtocol's: the byte stream's buffer passed its high-water mark."""
         assert not self._ssl_writing_paused
         self._ssl_writing_paused = True
 
     def resume_writing(self) -> None:
-        """SSLProtocol's: the socket's buffer drained below its low-water mark."""
+        """SSLProtocol's: the byte stream's buffer drained below its low-water mark."""
         assert self._ssl_writing_paused
         self._ssl_writing_paused = False
         self._process_outgoing()
 
     # -- SSLProtocol: the incoming flow --------------------------------------------
 
-    def _read_ready__tls(self) -> None:
-        """The socket is readable: ciphertext into the loop's buffer, then the
-        incoming BIO, then the state's step (stock: the socket's transport
-        reads into SSLProtocol.get_buffer, then buffer_updated)."""
-        if self._conn_lost:
-            return
-        nbytes = self._recv_loop_buffer()
-        if nbytes <= 0:
-            if not nbytes:
-                self._read_ready__on_eof()
-            return
-        try:
-            self._incoming.write(self._shared.read_view[:nbytes])
-            state = self._state
-            if state is _WRAPPED:
-                self._do_read()
-            elif state is _DO_HANDSHAKE:
-                self._do_handshake()
-            else:
-                self._step()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
-
-    def _eof_from_socket(self) -> bool | None:
-        """SSLProtocol.eof_received: the peer half-closed the socket."""
+    def eof_received(self) -> bool | None:
+        """SSLProtocol's: the peer half-closed the byte stream."""
         self._eof_received = True
         try:
             if self._loop.get_debug():
@@ -670,7 +667,7 @@ class SSLTransport(SocketTransport):
             elif state is _SHUTDOWN:
                 self._do_shutdown()
         except Exception:
-            SocketTransport.close(self)
+            self._lower.close()
             raise
         return None
 
@@ -791,18 +788,19 @@ class SSLTransport(SocketTransport):
         size = self._incoming.pending
         if size >= self._in_high and not self._ssl_reading_paused:
             self._ssl_reading_paused = True
-            SocketTransport.pause_reading(self)
+            self._lower.pause_reading()
         elif size <= self._in_low and self._ssl_reading_paused:
             self._ssl_reading_paused = False
-            SocketTransport.resume_reading(self)
+            self._lower.resume_reading()
 
     # -- the end ------------------------------------------------------------
 
     def _tls_fatal(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
-        """SSLProtocol._fatal_error: the socket goes at once, the error is
-        logged (an OSError, in debug mode) or reported."""
-        if self._sock is not None:
-            SocketTransport._force_close(self, exc)
+        """SSLProtocol._fatal_error: the byte stream goes at once, the error
+        is logged (an OSError, in debug mode) or reported."""
+        lower = self._lower
+        if lower is not None:
+            lower._force_close(exc)
         if isinstance(exc, OSError):
             if self._loop.get_debug():
                 _compat.sslproto_logger().debug("%r: %s", self, message, exc_info=True)
@@ -810,25 +808,15 @@ class SSLTransport(SocketTransport):
             self._loop.call_exception_handler({
                 "message": message,
                 "exception": exc,
-                "transport": self,
+                "transport": lower,
                 "protocol": self,
             })
 
-    def _call_connection_lost(self, exc: BaseException | None) -> None:
-        """The socket's end, then SSLProtocol.connection_lost's steps: the
-        protocol's connection_lost is scheduled, as stock schedules it.  The
-        transport keeps its loop, as stock's SSLProtocol does: a call after
-        the end (set_write_buffer_limits, resume_reading) reports to it."""
-        loop = self._loop
-        try:
-            self._ssl_connection_lost(exc)
-        finally:
-            self._socket_lost()
-            self._loop = loop
-            if self._drop_ssl:
-                self._sslobj = self._ssl = self._sslcontext = None
-
-    def _ssl_connection_lost(self, exc: BaseException | None) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """SSLProtocol's: the byte stream is gone.  The protocol's
+        connection_lost is scheduled, as stock schedules it; the transport
+        keeps its loop, as stock's SSLProtocol does (a call after the end,
+        set_write_buffer_limits or resume_reading, reports to it)."""
         if self._backlog:
             self._backlog = _NO_BACKLOG
             self._backlog_size = 0
@@ -845,3 +833,6 @@ class SSLTransport(SocketTransport):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        self._lower = None
+        if self._drop_ssl:
+            self._sslobj = self._ssl = self._sslcontext = None

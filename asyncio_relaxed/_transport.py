@@ -301,21 +301,6 @@ class SocketTransport(TransportBase):
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
 
-    def _recv_loop_buffer(self) -> int:
-        """One recv_into the loop's buffer: the byte count (0 at EOF), or -1
-        when nothing came (EAGAIN) or the read failed (then fatal)."""
-        stats = self._shared.stats
-        stats.recv += 1
-        try:
-            return self._sock.recv_into(self._shared.read_buffer)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            stats.recv_eagain += 1
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal read error on socket transport")
-        return -1
-
     def _read_ready__get_buffer(self) -> None:
         """A BufferedProtocol's read: recv_into its own buffer.  Its three
         steps' failures are stock's (_SelectorSocketTransport), each fatal."""
@@ -351,7 +336,7 @@ class SocketTransport(TransportBase):
         if self._loop.get_debug():
             _compat.transport_logger().debug("%r received EOF", self)
         try:
-            keep_open = self._eof_from_socket()
+            keep_open = self._protocol.eof_received()
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
@@ -361,16 +346,7 @@ class SocketTransport(TransportBase):
             # The protocol may still write, but nothing more can be read.
             self._unwatch_read()
         else:
-            self._close_socket()
-
-    def _eof_from_socket(self) -> bool | None:
-        """The peer half-closed the socket: the protocol says whether to
-        keep it open (the TLS transport's layer says it there)."""
-        return self._protocol.eof_received()  # type: ignore[no-any-return]
-
-    def _close_socket(self) -> None:
-        """The close an EOF ends with (the TLS transport's is its socket's)."""
-        self.close()
+            self.close()
 
     # -- writing ----------------------------------------------------------
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+import asyncio_relaxed
+
 from conftest import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -319,6 +321,12 @@ def test_asyncpg_tls(loop: asyncio.AbstractEventLoop, postgres: dict[str, Any]) 
                 "SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
             )
             assert tuple(on_tls) == (True, "TLSv1.3")
+            # PostgreSQL negotiates TLS with loop.start_tls(): under tls=own
+            # the loop's own TLS layer carries it, under tls=stock stock's.
+            kind = type(conn._transport).__name__
+            if isinstance(loop, asyncio_relaxed.Loop):
+                tls = loop.config.tls.value
+                assert kind == ("SSLTransport" if tls == "own" else "_SSLProtocolTransport")
             # Records bigger than a read both ways, through the loop's start_tls.
             assert await conn.fetchval("SELECT $1::bytea", blob) == blob
             text = await conn.fetchval("SELECT repeat('0123456789', 100000)")

@@ -635,20 +635,14 @@ def _failed_handshake_leftovers(tls: str, files: TlsFiles) -> int:
 
     loop = asyncio_relaxed.Loop(tls=tls)
     refs: list[Any] = []
-    if tls == "own":
-        cls: Any = asyncio_relaxed._tls.SSLTransport
-        name, original = "_start", asyncio_relaxed._tls.SSLTransport._start
+    # The socket's transports, as stock's own test of gh-159049 finds them:
+    # each TLS layer's connection_made is given its connection's.
+    cls: Any = asyncio_relaxed._tls.SSLTransport if tls == "own" else sslproto.SSLProtocol
+    name, original = "connection_made", cls.connection_made
 
-        def remember(transport: Any) -> None:
-            refs.append(weakref.ref(transport))
-            original(transport)
-    else:  # as stock's own test of gh-159049 finds the socket's transports
-        cls, name, original = sslproto.SSLProtocol, "connection_made", (
-            sslproto.SSLProtocol.connection_made)
-
-        def remember(protocol: Any, transport: Any) -> None:  # type: ignore[misc]
-            refs.append(weakref.ref(transport))
-            original(protocol, transport)
+    def remember(protocol: Any, transport: Any) -> None:
+        refs.append(weakref.ref(transport))
+        original(protocol, transport)
 
     async def main() -> None:
         server, _ = await serve(loop, files.server_context())
