@@ -69,7 +69,6 @@ hook), ``get_read_buffer_limits`` and its siblings.
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import warnings
 from typing import Any
