@@ -532,14 +532,14 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             # shutdown too).
             self._shutdown_timer = self._loop.call_later(self._shutdown_timeout,
                                                          self._check_shutdown_timeout)
-        self._loop.call_soon(self._close_socket)
+        self._loop.call_soon(self._close_below)
 
     def _cancel_shutdown_timer(self) -> None:
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
             self._shutdown_timer = None
 
-    def _close_socket(self) -> None:
+    def _close_below(self) -> None:
         """The byte stream's close (stock: the SSLProtocol's transport.close())."""
         if self._lower is not None:
             self._lower.close()
