@@ -6,7 +6,9 @@ register and unregister their socket, schedule a rest or stock's back-off,
 and serve what they accepted.  A plain TCP or Unix connection gets its
 transport at once, without a Task: nothing is awaited before the protocol
 owns the connection (stock's task only awaits the connection_made
-callback).  TLS goes through stock's ``_accept_connection2`` task.
+callback).  Under ``tls=own`` neither does a TLS connection: its handshake
+reports to a :class:`_Handshake`, which does what stock's task does after
+``await waiter``.  ``tls=stock`` keeps stock's ``_accept_connection2`` task.
 
 The loop keeps the hooks stock calls (``_start_serving``,
 ``_accept_connection``, ``_stop_serving``) and hands them to :class:`Serving`.
@@ -20,7 +22,7 @@ from typing import Any
 
 from . import _compat
 from ._accept import Listener, listener_class
-from ._config import Config
+from ._config import Config, TlsMode
 from ._shared import TransportShared
 from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, is_tcp, set_options
 from ._stats import Counters
@@ -33,8 +35,8 @@ class Serving:
     """The listening sockets a loop serves, by fd, and what their
     :class:`~asyncio_relaxed._accept.Listener` objects ask of the loop."""
 
-    __slots__ = ("accept_batch", "exclusive", "listener_class", "listeners", "loop", "shared",
-                 "stats")
+    __slots__ = ("accept_batch", "exclusive", "listener_class", "listeners", "loop",
+                 "own_tls", "shared", "stats")
 
     def __init__(self, loop: Any, config: Config, stats: Counters,
                  shared: TransportShared) -> None:
@@ -45,6 +47,7 @@ class Serving:
         self.exclusive = config.exclusive_accept
         self.listener_class = listener_class(config.accept)
         self.listeners: dict[int, Listener] = {}
+        self.own_tls = config.tls is TlsMode.OWN
 
     # -- the loop's hooks ----------------------------------------------------
 
@@ -153,7 +156,7 @@ class Serving:
         extra = {"peername": addr}
         server_context = listener.context
         conn_context = server_context.copy() if server_context is not None else None
-        if listener.sslcontext:
+        if listener.sslcontext and not self.own_tls:
             coro = (
                 loop._accept_connection2(listener.protocol_factory, conn, extra,
                                          listener.sslcontext, listener.server,
@@ -167,20 +170,33 @@ class Serving:
         elif conn_context is None:
             # The context copy keeps stock's task's isolation of context
             # variables: the protocol factory runs in it, as in that task.
-            contextvars.copy_context().run(self._serve_plain, listener, conn, extra, None)
+            contextvars.copy_context().run(self._serve, listener, conn, extra, None)
         else:
-            conn_context.run(self._serve_plain, listener, conn, extra, conn_context)
+            conn_context.run(self._serve, listener, conn, extra, conn_context)
 
-    def _serve_plain(self, listener: Listener, conn: socket.socket, extra: dict[str, Any],
-                     context: Any) -> None:
+    def _serve(self, listener: Listener, conn: socket.socket, extra: dict[str, Any],
+               context: Any) -> None:
+        """The protocol and its transport for *conn*, as stock's
+        _accept_connection2 makes them; a TLS layer's handshake then reports
+        to a _Handshake."""
+        loop = self.loop
         protocol = transport = None
         try:
             protocol = listener.protocol_factory()
-            transport = SocketTransport(
-                self.loop, conn, protocol, None, extra, listener.server, shared=self.shared,
-                inherited_options=listener.inherits,
-                context=context,
-            )
+            if listener.sslcontext:
+                handshake = _Handshake(loop, protocol)
+                transport = handshake.transport = loop._make_ssl_transport(
+                    conn, protocol, listener.sslcontext, handshake, server_side=True,
+                    extra=extra, server=listener.server, context=context,
+                    ssl_handshake_timeout=listener.timeouts[0],
+                    ssl_shutdown_timeout=listener.timeouts[1],
+                )
+            else:
+                transport = SocketTransport(
+                    loop, conn, protocol, None, extra, listener.server, shared=self.shared,
+                    inherited_options=listener.inherits,
+                    context=context,
+                )
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
@@ -188,14 +204,52 @@ class Serving:
                 transport.close()
             else:
                 conn.close()
-            # Reported in debug mode only, as stock _accept_connection2 does.
-            if self.loop._debug:
-                report = {
-                    "message": "Error on transport creation for incoming connection",
-                    "exception": exc,
-                }
-                if protocol is not None:
-                    report["protocol"] = protocol
-                if transport is not None:
-                    report["transport"] = transport
-                self.loop.call_exception_handler(report)
+            _report_accept_error(loop, exc, protocol, transport)
+
+
+def _report_accept_error(loop: Any, exc: BaseException, protocol: Any,
+                         transport: Any) -> None:
+    """A connection that failed before its protocol owned it: reported in
+    debug mode only, as stock's _accept_connection2 does."""
+    if loop._debug:
+        report = {
+            "message": "Error on transport creation for incoming connection",
+            "exception": exc,
+        }
+        if protocol is not None:
+            report["protocol"] = protocol
+        if transport is not None:
+            report["transport"] = transport
+        loop.call_exception_handler(report)
+
+
+class _Handshake:
+    """The waiter of an accepted connection's TLS handshake, in place of
+    stock's task that awaits a future: the layer calls ``cancelled()``, then
+    ``set_result(None)`` or ``set_exception(exc)`` once.  A success needs
+    nothing (the protocol owns the connection).  A failure is reported in
+    the next callback, where stock's task would wake up; the task's
+    ``transport.close()`` has nothing left to do here, since the layer wakes
+    its waiter with an error only once its byte stream is closed (a failed
+    or timed-out handshake is fatal; a lost one is lost)."""
+
+    __slots__ = ("loop", "protocol", "transport")
+
+    def __init__(self, loop: Any, protocol: Any) -> None:
+        self.loop = loop
+        self.protocol = protocol
+        self.transport: Any = None
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, result: None) -> None:
+        self.protocol = self.transport = None
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.loop.call_soon(self._failed, exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        transport, protocol = self.transport, self.protocol
+        self.protocol = self.transport = None
+        _report_accept_error(self.loop, exc, protocol, transport)

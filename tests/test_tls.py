@@ -776,6 +776,43 @@ def test_tls_setting_picks_the_transport(tls: tuple[ssl.SSLContext, ssl.SSLConte
     loop_errors.check()
 
 
+@pytest.mark.parametrize("tls", ["own", "stock"])
+def test_an_accepted_tls_connection_needs_no_task(tls: str, tls_files: TlsFiles,
+                                                 loop_errors: LoopErrors) -> None:
+    """tls=own serves an accepted TLS connection without a Task, as it serves
+    a plain one; tls=stock keeps stock's _accept_connection2 task."""
+    loop = asyncio_relaxed.Loop(tls=tls)
+    loop.set_exception_handler(loop_errors.handler)
+    tasks: list[asyncio.Task[Any]] = []
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        tasks.append(asyncio.Task(coro, loop=loop, **kwargs))
+        return tasks[-1]
+
+    async def main() -> bytes:
+        server, made = await serve(loop, tls_files.server_context())
+        loop.set_task_factory(counting)
+        transport, client = await loop.create_connection(
+            lambda: Recording(loop), *address(server), ssl=tls_files.client_context(),
+            server_hostname="localhost")
+        await made[0].made
+        made[0].transport.write(b"hello")
+        await client.until(5)
+        loop.set_task_factory(None)
+        transport.close()
+        await made[0].lost
+        server.close()
+        await server.wait_closed()
+        return bytes(client.data)
+
+    try:
+        assert run(loop, main()) == b"hello"
+        assert len(tasks) == (0 if tls == "own" else 1), tasks
+    finally:
+        loop.close()
+    loop_errors.check()
+
+
 # -- faults at chosen calls of the TLS connection's socket ------------------------
 
 
