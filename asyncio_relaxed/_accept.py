@@ -48,8 +48,7 @@ epoll set, so one incoming connection wakes every idle worker, and the one
 that runs first takes it before the others return from epoll_wait.  That
 race does not look at load, and its winner is not random: the scheduler
 picks the same workers, so under light load one worker can starve (the
-fairness benchmark, 4 workers on one CPU, one keep-alive client: one worker
-got 0-2 % of the connections under stock asyncio and uvloop alike).
+fairness benchmark measures it: docs/design.md, "accept=balanced").
 
 The loop is made after fork() by code that did not make the listener, so a
 worker cannot see what its siblings hold.  accept=balanced changes the race

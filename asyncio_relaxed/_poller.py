@@ -8,9 +8,9 @@ asyncio's selector loop tells the kernel about every interest change at once:
 ``add_writer`` on a reading socket an ``EPOLL_CTL_MOD``.  A transport that
 pauses and resumes reading in one callback, or that adds a writer and drains
 its buffer before the loop polls again, pays for changes the kernel never
-needed to see.  HAProxy measured up to 4 ``epoll_ctl`` per keep-alive request
-from that dance, and +9 %/+14 % req/s from dropping it; libuv keeps a queue of
-changed watchers and flushes it in ``uv__io_poll`` just before ``epoll_wait``.
+needed to see (HAProxy's figures for that dance are in docs/design.md); libuv
+keeps a queue of changed watchers and flushes it in ``uv__io_poll`` just
+before ``epoll_wait``.
 
 This poller does the same.  For each fd its table
 (:class:`~asyncio_relaxed._interest.InterestTable`, no system calls) knows two

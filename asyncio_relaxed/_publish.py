@@ -32,8 +32,8 @@ one file per process.
   the clock reads of stock's iteration.
 * The snapshot is taken on the loop's thread, between callbacks.  The
   loop's counters are plain integers and cost nothing to read; the gauges
-  walk the loop's transports (0.3 µs per connection: 0.64 ms for 2,000,
-  CPython 3.11.7, timed with ``time.perf_counter``), once a second; the
+  walk the loop's transports (a cost per connection, measured in
+  docs/design.md), once a second; the
   write is one small file, best on a memory file system (``/dev/shm``,
   ``/run``).  Nothing runs when ``stats_dir`` is empty.
 * One loop per process publishes: a second loop made with the same setting
