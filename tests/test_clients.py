@@ -33,7 +33,6 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-
 from conftest import run
 
 ROOT = Path(__file__).resolve().parent.parent
