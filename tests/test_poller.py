@@ -13,11 +13,15 @@ import errno
 import os
 import selectors
 import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _hypothesis_profiles import bounded
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asyncio_relaxed._poller import (
     EVENT_READ,
@@ -857,3 +861,71 @@ def test_select_none_blocks_until_ready(pair: Pair, name: str) -> None:
         assert p.stats.poll_waits == 1
     finally:
         p.close()
+
+
+# -- ready_readers, the selector loop's wait, against ready() ----------------------
+
+#: What a test does to one fd before the wait, on both pollers alike.
+_FD_SETUPS = ("common", "common+paused", "read", "write", "both", "unregistered-owned", "file")
+
+
+@bounded(60)
+@given(setups=st.lists(st.tuples(st.sampled_from(_FD_SETUPS),
+                                 st.sampled_from(("idle", "data", "hang-up"))),
+                       min_size=1, max_size=8))
+def test_ready_readers_delivers_what_ready_does(setups: list[tuple[str, str]]) -> None:
+    """ready_readers() (the selector loop's wait: a COMMON fd's input event
+    appends its reader alone) reports what ready() does, with the same
+    kernel calls, state and event count afterwards, for fds in every state
+    the table knows (owned and reading; reading lazily removed; unowned;
+    writing; both; a file), idle, readable or hung up."""
+    fast, general = DeferredSelector(), DeferredSelector()
+    socks: list[socket.socket] = []
+    readers: dict[int, object] = {}
+    files: list[Any] = []
+    try:
+        for setup, peer in setups:
+            if setup == "file":  # epoll refuses a regular file: always ready
+                files.append(tempfile.TemporaryFile())
+                for p in (fast, general):
+                    p.register(files[-1], R, (None, None))
+                continue
+            a, b = socket.socketpair()
+            socks += (a, b)
+            fd = a.fileno()
+            readers[fd] = reader = object()
+            for p in (fast, general):
+                if setup != "read":
+                    p.own(fd)
+                if setup in ("common", "common+paused", "read", "unregistered-owned"):
+                    p.register(a, R, (reader, None))
+                elif setup == "write":
+                    p.register(a, W, (None, "writer"))
+                else:
+                    p.register(a, R | W, (reader, "writer"))
+                if setup == "common+paused":
+                    p.modify(a, R | W, (reader, "writer"))
+                    p.modify(a, R, (reader, None))
+                if setup == "unregistered-owned":
+                    p.flush()
+                    p.unregister(a)  # lazily kept in the kernel: an unwanted event
+            if peer == "data":
+                b.send(b"x")
+            elif peer == "hang-up":
+                b.close()
+        found: list[object] = []
+        rest = fast.ready_readers(0, found)
+        by_reader = {id(reader): fd for fd, reader in readers.items()}
+        got = sorted([(by_reader[id(r)], R) for r in found]
+                     + [(fd, mask) for fd, _, mask in rest])
+        ready = {fd: (data, mask) for fd, data, mask in general.ready(0)}
+        assert got == sorted((fd, mask) for fd, (_, mask) in ready.items())
+        assert all(data == ready[fd][0] for fd, data, _ in rest)
+        assert ctl(fast) == ctl(general)
+        assert fast.stats.events == general.stats.events
+        assert fast._state == general._state
+    finally:
+        fast.close()
+        general.close()
+        for sock in [*socks, *files]:
+            sock.close()
