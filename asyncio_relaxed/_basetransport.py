@@ -203,6 +203,21 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
     def _unwatch_read(self) -> None:
         self._loop._remove_reader(self._sock_fd)
 
+    def _unwatch_for_good(self) -> None:
+        """Reading ends for good and the fd is released (close, abort):
+        _unwatch_read() then _release_fd(), in one call of the loop's
+        poller (see DeferredSelector.release_reader) unless the loop polls
+        through another selector or is closed."""
+        loop = self._loop
+        poller = self._shared.poller
+        if loop._selector is not poller or poller.replaced or loop.is_closed():
+            self._unwatch_read()
+            self._release_fd()
+            return
+        removed = poller.release_reader(self._sock_fd)
+        if removed is not None:
+            removed.cancel()
+
     def _unwatch_write(self) -> None:
         self._loop._remove_writer(self._sock_fd)
 

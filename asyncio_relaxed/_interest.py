@@ -38,7 +38,11 @@ The rules, each a method below:
   updates): the kernel keeps polling it, and the change is sent only if an
   event for the unwanted direction arrives (:meth:`change`, :meth:`unwanted`);
 * release applies the fd's pending change, lazy or not, while it is still
-  open (:meth:`release`).
+  open (:meth:`release`);
+* a transport's socket starts and ends in one step each: an owned fd that
+  nothing registered becomes COMMON (:meth:`start_common`), and a COMMON fd
+  is unregistered and released at once (:meth:`end_common`), each the net
+  of the general rules above for that case.
 
 This module knows nothing of asyncio or of the kernel.
 """
@@ -152,6 +156,29 @@ class InterestTable:
                 self.dirty.add(fd)
             return False
         return True
+
+    def fresh(self, fd: int) -> bool:
+        """*fd* is owned and nothing else: not registered, and the kernel
+        holds nothing for it (a transport's new socket)."""
+        return self.states.get(fd) == OWNED
+
+    def start_common(self, fd: int, data: Any) -> None:
+        """A :meth:`fresh` fd registered for reading with *data*, the
+        kernel told: COMMON.  What :meth:`register` and :meth:`set_applied`
+        make of it, in one step."""
+        del self.states[fd]
+        self.data[fd] = data
+
+    def common(self, fd: int) -> bool:
+        """*fd* is in the COMMON state (registered, no entry)."""
+        return fd not in self.states and fd in self.data
+
+    def end_common(self, fd: int) -> Any:
+        """A COMMON fd unregistered and released, the kernel about to be
+        told to drop it: its data.  What :meth:`unregister`, :meth:`release`
+        and :meth:`set_applied` make of it (0: no entry), in one step."""
+        self.dirty.discard(fd)
+        return self.data.pop(fd)
 
     def forget(self, fd: int) -> None:
         """Undo :meth:`register` after the kernel refused it."""

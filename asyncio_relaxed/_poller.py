@@ -389,6 +389,18 @@ class DeferredSelector(selectors.BaseSelector):
         fd = self._lookup(fileobj)
         data = self._data.get(fd, _MISSING)
         if data is _MISSING:
+            if (not which and fileobj is fd and self._epoll is not None
+                    and self._table.fresh(fd)):
+                # A transport's new socket (owned, nothing registered, the
+                # kernel holding nothing): one ADD, and it is COMMON.
+                self.stats.epoll_ctl_add += 1
+                try:
+                    self._epoll.register(fd, EPOLLIN)
+                except OSError:
+                    pass  # register() below knows what each refusal means
+                else:
+                    self._table.start_common(fd, (handle, None))
+                    return None
             self.register(fileobj, EVENT_WRITE if which else EVENT_READ,
                           (None, handle) if which else (handle, None))
             return None
@@ -418,6 +430,32 @@ class DeferredSelector(selectors.BaseSelector):
         else:
             self._table.modify(fd, events, (None, writer))
         return writer if which else reader
+
+    def release_reader(self, fd: int) -> Any:
+        """clear_callback(fd, 0), then release(fd): a transport's close.  A
+        COMMON fd (owned, reading only, the kernel told) is dropped with one
+        DEL; any other goes through those two.  Returns the reader
+        removed, or None."""
+        table = self._table
+        if self._epoll is None or not table.common(fd):
+            removed = self.clear_callback(fd, 0)
+            self.release(fd)
+            return None if removed is _MISSING else removed
+        reader = table.end_common(fd)[0]
+        if self._fileobjs:
+            self._fileobjs.pop(fd, None)
+        self.stats.epoll_ctl_del += 1
+        try:
+            self._epoll.unregister(fd)
+        except OSError as exc:
+            # _send's and _remove_now's rules: a closed fd or one the
+            # kernel no longer holds needs nothing; another refusal is
+            # the error callback's.
+            if exc.errno not in (errno.ENOENT, errno.EBADF):
+                if self.on_error is None:
+                    raise
+                self.on_error(fd, exc)
+        return reader
 
     def _send(self, fd: int, change: int) -> None:
         """Make the kernel hold *fd*'s wanted mask (APPLY) or nothing

@@ -629,8 +629,7 @@ class SocketTransport(TransportBase):
         if self._closing:
             return
         self._closing = True
-        self._unwatch_read()
-        self._release_fd()  # never read again: the removal goes out now, not lazily
+        self._unwatch_for_good()  # never read again: the removal goes out now, not lazily
         if not self._buffer:
             self._conn_lost += 1
             self._lost()
@@ -650,8 +649,7 @@ class SocketTransport(TransportBase):
         self._shared.emptied(self)
         if not self._closing:
             self._closing = True
-            self._unwatch_read()
-            self._release_fd()
+            self._unwatch_for_good()
         self._conn_lost += 1
         self._lost()
         self._call_soon(self._call_connection_lost, exc)

@@ -113,15 +113,26 @@ async def _served_transport(loop: Any) -> tuple[Any, Any, Recorder, list[Any], A
     transport = protocol.transport
     releases: list[int] = []
     poller = loop._shared.poller
-    release = poller.release
+    # A close releases the fd through release_reader (one call, which
+    # unregisters it too) or through release.
+    originals = {name: getattr(poller, name) for name in ("release", "release_reader")}
 
-    def counting_release(fd: int) -> None:
-        if fd == transport._sock_fd:
-            releases.append(fd)
-        release(fd)
+    inside: list[str] = []
 
-    poller.release = counting_release
-    return server, transport, protocol, detaches, (releases, poller, release), writer
+    def counting(name: str) -> Any:
+        def call(fd: int) -> Any:
+            if fd == transport._sock_fd and not inside:  # release_reader's own release()
+                releases.append(fd)
+            inside.append(name)
+            try:
+                return originals[name](fd)
+            finally:
+                inside.pop()
+        return call
+
+    for name in originals:
+        setattr(poller, name, counting(name))
+    return server, transport, protocol, detaches, (releases, poller, originals), writer
 
 
 def _finalise(transport: Any) -> None:
@@ -138,7 +149,7 @@ def test_finaliser_and_close_detach_once(relaxed_loop: Any, order: tuple[str, ..
     loop = relaxed_loop
 
     async def main() -> None:
-        server, transport, protocol, detaches, (releases, poller, release), client = (
+        server, transport, protocol, detaches, (releases, poller, originals), client = (
             await _served_transport(loop))
         try:
             for step in order:
@@ -157,7 +168,8 @@ def test_finaliser_and_close_detach_once(relaxed_loop: Any, order: tuple[str, ..
             server.close()
             await asyncio.wait_for(server.wait_closed(), 2)
         finally:
-            poller.release = release
+            for name in originals:
+                delattr(poller, name)
             client.close()
 
     run(loop, main())

@@ -127,6 +127,33 @@ class TableMachine(RuleBasedStateMachine):
         self.kernel(number, change)
 
     @rule(number=FDS)
+    def start_common(self, number: int) -> None:
+        """A transport's new socket: own() then register(R), in one step."""
+        fd = self.fd(number)
+        fresh = (fd.owned and not fd.registered and not fd.applied and not fd.exclusive)
+        assert self.table.fresh(number) == fresh
+        if not fresh:
+            return
+        data = object()
+        self.table.start_common(number, data)
+        fd.registered, fd.wanted, fd.data, fd.dirty = True, R, data, False
+        fd.applied = R  # the poller's EPOLL_CTL_ADD
+        assert self.table.state(number) == COMMON
+
+    @rule(number=FDS)
+    def end_common(self, number: int) -> None:
+        """A transport's close: unregister() then release(), in one step."""
+        fd = self.fd(number)
+        common = fd.registered and fd.encoded() == COMMON
+        assert self.table.common(number) == common
+        if not common:
+            return
+        assert self.table.end_common(number) is fd.data
+        fd.registered, fd.wanted, fd.data, fd.owned, fd.dirty = False, 0, None, False, False
+        fd.applied = 0  # the poller's EPOLL_CTL_DEL
+        assert self.table.state(number) == 0
+
+    @rule(number=FDS)
     def exclusive(self, number: int) -> None:
         self.table.set_exclusive(number)
         self.fd(number).exclusive = True

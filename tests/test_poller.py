@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import selectors
 import socket
 import tempfile
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 from asyncio_relaxed._poller import (
     EVENT_READ,
     EVENT_WRITE,
+    MISSING,
     DeferredSelector,
     EpollBackend,
     SelectorBackend,
@@ -929,3 +931,94 @@ def test_ready_readers_delivers_what_ready_does(setups: list[tuple[str, str]]) -
         general.close()
         for sock in [*socks, *files]:
             sock.close()
+
+
+# -- a transport's socket: its start and its close in one step each -----------------
+
+def _kernel_holds(p: DeferredSelector, fd: int) -> bool:
+    """Whether the epoll set holds *fd* (a MOD of an fd it lacks: ENOENT)."""
+    try:
+        p._epoll.modify(fd, 0)
+    except FileNotFoundError:
+        return False
+    p._epoll.modify(fd, select.EPOLLIN)  # back to the only mask these tests give it
+    return True
+
+
+@pytest.mark.parametrize("setup", ["fresh", "registered-writer", "paused", "fileobj",
+                                   "writer-round-trip"])
+def test_a_transports_start_and_close_match_the_general_route(pair: Pair, setup: str) -> None:
+    """set_callback() of a fresh owned fd (one ADD: COMMON at once) and
+    release_reader() of a COMMON fd (one DEL) leave the table, the kernel and
+    the counters as own/register and clear_callback/release do; any other
+    fd takes the general route inside them."""
+    fast, general = DeferredSelector(), DeferredSelector()
+    a, b = pair()
+    fd = a.fileno()
+    target = a if setup == "fileobj" else fd
+    reader, writer = object(), object()
+    try:
+        fast.own(fd)
+        general.own(fd)
+        if setup == "registered-writer":
+            fast.set_callback(fd, 1, writer)
+            general.register(fd, W, (None, writer))
+        fast.set_callback(target, 0, reader)
+        if setup == "registered-writer":
+            general.set_callback(fd, 0, reader)
+        else:
+            general.register(target, R, (reader, None))
+        if setup == "paused":  # reading dropped, lazily: not COMMON at the close
+            for p in (fast, general):
+                p.clear_callback(fd, 0)
+                p.flush()
+            fast.set_callback(fd, 0, reader)  # the kernel still holds it: not fresh
+            general.register(fd, R, (reader, None))
+            for p in (fast, general):
+                p.clear_callback(fd, 0)
+        assert (fast._state, fast._data, fast._fileobjs) == (
+            general._state, general._data, general._fileobjs)
+        assert ctl(fast) == ctl(general)
+        assert _kernel_holds(fast, fd) == _kernel_holds(general, fd) == True  # noqa: E712
+        b.send(b"x")
+        assert fast.ready(0) == general.ready(0)
+        if setup == "writer-round-trip":  # COMMON again, but dirty until the flush
+            for p in (fast, general):
+                p.set_callback(fd, 1, writer)
+                p.clear_callback(fd, 1)
+            assert fast.pending_changes == 1
+
+        removed = fast.release_reader(fd)
+        expected = general.clear_callback(fd, 0)
+        general.release(fd)
+        if setup == "paused":  # nothing registered: clear_callback finds nothing
+            assert (removed, expected) == (None, MISSING)
+        else:
+            assert removed is expected is reader
+        assert (fast._state, fast._data, fast._fileobjs, fast._table.dirty) == (
+            general._state, general._data, general._fileobjs, general._table.dirty)
+        assert ctl(fast) == ctl(general)
+        assert _kernel_holds(fast, fd) == _kernel_holds(general, fd)
+    finally:
+        fast.close()
+        general.close()
+
+
+def test_a_transports_socket_costs_one_add_and_one_del(pair: Pair) -> None:
+    """The common case's kernel calls and table entries: an ADD at the
+    start, no state entry while reading, a DEL at the close, nothing left."""
+    p = DeferredSelector()
+    a, _ = pair()
+    fd = a.fileno()
+    try:
+        p.own(fd)
+        reader = object()
+        assert p.set_callback(fd, 0, reader) is None
+        assert ctl(p) == (1, 0, 0)
+        assert fd not in p._state and p._data[fd] == (reader, None)
+        assert p.release_reader(fd) is reader
+        assert ctl(p) == (1, 0, 1)
+        assert fd not in p._state and fd not in p._data and not p.pending_changes
+        assert not _kernel_holds(p, fd)
+    finally:
+        p.close()
