@@ -215,6 +215,10 @@ class InterestTable:
 
     def own(self, fd: int) -> None:
         """The caller promises to release *fd* before closing it."""
+        states = self.states
+        if fd not in states and fd not in self.data:  # unknown (a new socket): 0 | OWNED
+            states[fd] = OWNED
+            return
         self._store(fd, self.state(fd) | OWNED)
 
     def release(self, fd: int) -> int:
