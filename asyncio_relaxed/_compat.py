@@ -41,6 +41,9 @@ from typing import Any
 
 __all__ = [
     "ACCEPT_RETRY_DELAY",
+    "DATAGRAM_CHECKS_FD",
+    "DATAGRAM_HEADER_SIZE",
+    "DATAGRAM_SENDS_EMPTY",
     "DEFAULT_SSL_TIMEOUTS",
     "FLOW_CONTROL_HIGH_WATER_SSL_READ",
     "FLOW_CONTROL_HIGH_WATER_SSL_WRITE",
@@ -320,6 +323,20 @@ TRANSPORT_EXTRA_SLOT: Any = transports.BaseTransport.__dict__["_extra"]
 #: one: a class-level patch of asyncio.Transport.get_extra_info (tests do
 #: that) must reach our transports as it reaches stock's.
 STOCK_GET_EXTRA_INFO: Any = transports.BaseTransport.get_extra_info
+
+# -- datagrams ----------------------------------------------------------------
+#
+# What stock's _SelectorDatagramTransport and _make_datagram_transport do
+# differently by version (the same in PyPy 3.11 as in CPython 3.11).
+
+#: sendto(b"") sends an empty datagram from 3.12 (3.11 returns before it).
+DATAGRAM_SENDS_EMPTY = PY312
+#: The bytes flow control counts per buffered datagram beyond its payload
+#: (3.12+: "header bytes"; 3.14 names it _header_size).
+DATAGRAM_HEADER_SIZE = 8 if PY312 else 0
+#: _make_datagram_transport refuses an fd that already has a transport
+#: (_ensure_fd_no_transport) from 3.12.
+DATAGRAM_CHECKS_FD = PY312
 
 # -- servers ----------------------------------------------------------------
 
