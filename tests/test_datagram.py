@@ -574,3 +574,35 @@ def test_iterations_are_not_blocked_by_an_idle_endpoint(own_loop: asyncio_relaxe
         await proto.lost
 
     run(loop, main())
+
+
+class _RaiseAt(Recorder):
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        super().datagram_received(data, addr)
+        if data == b"1":
+            raise ZeroDivisionError("from datagram_received")
+
+
+def test_a_failing_callback_is_the_readers_error(dloop: asyncio.AbstractEventLoop,
+                                                 loop_errors: LoopErrors) -> None:
+    """datagram_received raising: reported as the reader's exception (stock's
+    "Exception in callback ..._read_ready()"), the transport stays open and
+    the datagrams after it are delivered."""
+    loop_errors.expect("Exception in callback")
+
+    async def main() -> None:
+        server, proto = await dloop.create_datagram_endpoint(
+            lambda: _RaiseAt(dloop), local_addr=(LOCAL, 0))
+        _burst(server.get_extra_info("sockname"), 3)
+        await proto.count(3)
+        assert [d for d, _ in proto.received] == [b"0", b"1", b"2"]
+        assert not server.is_closing()
+        server.close()
+        await proto.lost
+
+    run(dloop, main())
+    assert len(loop_errors.contexts) == 1
+    context = loop_errors.contexts[0]
+    assert isinstance(context["exception"], ZeroDivisionError)
+    assert context["message"].startswith("Exception in callback ")
+    assert context["message"].endswith("._read_ready()")
