@@ -327,16 +327,45 @@ STOCK_GET_EXTRA_INFO: Any = transports.BaseTransport.get_extra_info
 # -- datagrams ----------------------------------------------------------------
 #
 # What stock's _SelectorDatagramTransport and _make_datagram_transport do
-# differently by version (the same in PyPy 3.11 as in CPython 3.11).
+# differently from one release to another, each probed on stock's code, as
+# patch releases carry such changes: 3.11.7, 3.12.1 and PyPy 3.11 drop an
+# empty datagram and count no header bytes; 3.13.0 sends it and counts 8
+# header bytes per buffered datagram (taken off again by 3.14's
+# _header_size only); 3.12.1 onwards refuse an fd that has a transport.
+_StockDatagramTransport: Any = _selector_events._SelectorDatagramTransport
 
-#: sendto(b"") sends an empty datagram from 3.12 (3.11 returns before it).
-DATAGRAM_SENDS_EMPTY = PY312
-#: The bytes flow control counts per buffered datagram beyond its payload
-#: (3.12+: "header bytes"; 3.14 names it _header_size).
-DATAGRAM_HEADER_SIZE = 8 if PY312 else 0
-#: _make_datagram_transport refuses an fd that already has a transport
-#: (_ensure_fd_no_transport) from 3.12.
-DATAGRAM_CHECKS_FD = PY312
+
+class _SendtoProbe:
+    """Stands in for a transport: any attribute read raises _SendtoRead."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _SendtoRead
+
+
+class _SendtoRead(Exception):
+    pass
+
+
+def _sends_empty() -> bool:
+    """Stock's sendto(b"") reads the transport's state (to send an empty
+    datagram) rather than returning first."""
+    try:
+        _StockDatagramTransport.sendto(_SendtoProbe(), b"")
+    except _SendtoRead:
+        return True
+    return False
+
+
+#: sendto(b"") sends an empty datagram (3.13.0; 3.11.7 and 3.12.1 return first).
+DATAGRAM_SENDS_EMPTY = _sends_empty()
+#: The bytes flow control counts per buffered datagram beyond its payload:
+#: 3.14's _header_size, or the 8 that 3.13's sendto adds ("header bytes").
+DATAGRAM_HEADER_SIZE: int = getattr(
+    _StockDatagramTransport, "_header_size",
+    8 if 8 in _StockDatagramTransport.sendto.__code__.co_consts else 0)
+#: _make_datagram_transport refuses an fd that already has a transport.
+DATAGRAM_CHECKS_FD = ("_ensure_fd_no_transport"
+                      in SelectorEventLoop._make_datagram_transport.__code__.co_names)
 
 # -- servers ----------------------------------------------------------------
 

@@ -36,11 +36,12 @@ Writes.  As stock: ``sendto`` sends at once when nothing is buffered; a
 datagram the kernel refuses with EAGAIN is copied into the buffer (a deque
 of (bytes, address)) and waits for EPOLLOUT, where ``_sendto_ready`` sends
 the buffer in order, one system call per datagram (each is one message).
-Flow control counts each buffered datagram's payload plus stock's header
-bytes (``_compat.DATAGRAM_HEADER_SIZE``), added when it is buffered and
-subtracted when it is sent; 3.12 and 3.13's stock subtract the payload only,
-so their count grows by 8 per datagram ever buffered and a paused protocol
-may never resume: this behaves as 3.14's, which counts both ways.
+Flow control counts each buffered datagram's payload plus the header bytes
+stock counts on this Python (``_compat.DATAGRAM_HEADER_SIZE``: 8 from 3.13,
+none before), added when it is buffered and subtracted when it is sent;
+3.13's stock subtracts the payload only, so its count grows by 8 per
+datagram ever buffered and a paused protocol may never resume: this behaves
+as 3.14's, which counts both ways.
 
 Errors.  An OSError of a read or a send goes to ``error_received`` and the
 transport stays open (an ICMP port unreachable arrives as
