@@ -37,11 +37,11 @@ datagram the kernel refuses with EAGAIN is copied into the buffer (a deque
 of (bytes, address)) and waits for EPOLLOUT, where ``_sendto_ready`` sends
 the buffer in order, one system call per datagram (each is one message).
 Flow control counts each buffered datagram's payload plus the header bytes
-stock counts on this Python (``_compat.DATAGRAM_HEADER_SIZE``: 8 from 3.13,
-none before), added when it is buffered and subtracted when it is sent;
-3.13's stock subtracts the payload only, so its count grows by 8 per
-datagram ever buffered and a paused protocol may never resume: this behaves
-as 3.14's, which counts both ways.
+stock counts on this Python (``_compat.DATAGRAM_HEADER_SIZE``: 8 on 3.13.0
+and later, none on 3.11.7 and 3.12.1), added when it is buffered and
+subtracted when it is sent; 3.13.0's stock subtracts the payload only, so its
+count grows by 8 per datagram ever buffered and a paused protocol may never
+resume: this behaves as 3.14's, which counts both ways.
 
 Errors.  An OSError of a read or a send goes to ``error_received`` and the
 transport stays open (an ICMP port unreachable arrives as
