@@ -19,7 +19,16 @@ from typing import Any, TypeVar
 
 from . import _compat
 from ._accept import ListenerStatistics
-from ._config import AcceptStrategy, Config, PartialWrite, Poller, TlsMode, WriteMode, resolve
+from ._config import (
+    AcceptStrategy,
+    Config,
+    DatagramMode,
+    PartialWrite,
+    Poller,
+    TlsMode,
+    WriteMode,
+    resolve,
+)
 from ._health import HealthSnapshot
 from ._loop import Loop
 from ._slow import SlowCallback
@@ -31,6 +40,7 @@ __all__ = [
     "GAUGES",
     "AcceptStrategy",
     "Config",
+    "DatagramMode",
     "EventLoopPolicy",
     "HealthSnapshot",
     "ListenerStatistics",

@@ -41,6 +41,9 @@ from typing import Any
 
 __all__ = [
     "ACCEPT_RETRY_DELAY",
+    "DATAGRAM_CHECKS_FD",
+    "DATAGRAM_HEADER_SIZE",
+    "DATAGRAM_SENDS_EMPTY",
     "DEFAULT_SSL_TIMEOUTS",
     "FLOW_CONTROL_HIGH_WATER_SSL_READ",
     "FLOW_CONTROL_HIGH_WATER_SSL_WRITE",
@@ -320,6 +323,49 @@ TRANSPORT_EXTRA_SLOT: Any = transports.BaseTransport.__dict__["_extra"]
 #: one: a class-level patch of asyncio.Transport.get_extra_info (tests do
 #: that) must reach our transports as it reaches stock's.
 STOCK_GET_EXTRA_INFO: Any = transports.BaseTransport.get_extra_info
+
+# -- datagrams ----------------------------------------------------------------
+#
+# What stock's _SelectorDatagramTransport and _make_datagram_transport do
+# differently from one release to another, each probed on stock's code, as
+# patch releases carry such changes: 3.11.7, 3.12.1 and PyPy 3.11 drop an
+# empty datagram and count no header bytes; 3.13.0 sends it and counts 8
+# header bytes per buffered datagram (taken off again by 3.14's
+# _header_size only); 3.12.1 onwards refuse an fd that has a transport.
+_StockDatagramTransport: Any = _selector_events._SelectorDatagramTransport
+
+
+class _SendtoProbe:
+    """Stands in for a transport: any attribute read raises _SendtoRead."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _SendtoRead
+
+
+class _SendtoRead(Exception):
+    pass
+
+
+def _sends_empty() -> bool:
+    """Stock's sendto(b"") reads the transport's state (to send an empty
+    datagram) rather than returning first."""
+    try:
+        _StockDatagramTransport.sendto(_SendtoProbe(), b"")
+    except _SendtoRead:
+        return True
+    return False
+
+
+#: sendto(b"") sends an empty datagram (3.13.0; 3.11.7 and 3.12.1 return first).
+DATAGRAM_SENDS_EMPTY = _sends_empty()
+#: The bytes flow control counts per buffered datagram beyond its payload:
+#: 3.14's _header_size, or the 8 that 3.13's sendto adds ("header bytes").
+DATAGRAM_HEADER_SIZE: int = getattr(
+    _StockDatagramTransport, "_header_size",
+    8 if 8 in _StockDatagramTransport.sendto.__code__.co_consts else 0)
+#: _make_datagram_transport refuses an fd that already has a transport.
+DATAGRAM_CHECKS_FD = ("_ensure_fd_no_transport"
+                      in SelectorEventLoop._make_datagram_transport.__code__.co_names)
 
 # -- servers ----------------------------------------------------------------
 

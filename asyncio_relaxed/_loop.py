@@ -29,7 +29,8 @@ from typing import Any
 
 from . import _compat, _slow, _startup
 from ._accept import ListenerStatistics, accept_queue_length
-from ._config import Config, TlsMode, resolve
+from ._config import Config, DatagramMode, TlsMode, resolve
+from ._datagram import DatagramTransport
 from ._health import Health, HealthSnapshot
 from ._poller import MISSING, DeferredSelector, default_backend
 from ._publish import Publisher
@@ -361,6 +362,21 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
                         shared=self._shared, context=context)
         return ssl_protocol._app_transport
+
+    def _make_datagram_transport(
+        self,
+        sock: socket.socket,
+        protocol: Any,
+        address: Any = None,
+        waiter: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
+        if self._shared.config.datagram is not DatagramMode.OWN:
+            return super()._make_datagram_transport(sock, protocol, address, waiter, extra)
+        if _compat.DATAGRAM_CHECKS_FD:
+            self._ensure_fd_no_transport(sock)
+        return DatagramTransport(self, sock, protocol, address, waiter, extra,
+                                 shared=self._shared)
 
     async def start_tls(
         self,

@@ -39,6 +39,19 @@ COUNTERS: dict[str, str] = {
     "partial_writes": "sends the kernel took only part of",
     "write_feeds": "short writes retried on the next iteration without waiting (feed policy)",
     "always_ready_fds": "registrations the kernel poller refused (EPERM), served as always ready",
+    "datagram_read_events": "readiness events served on datagram sockets (datagram=own)",
+    "datagram_recv": "recvfrom_into/recv_into calls on datagram sockets",
+    "datagram_recv_eagain": "datagram reads that found nothing to read (a batch's end)",
+    "datagrams_received": "datagrams handed to datagram_received",
+    "datagram_bytes_received": "bytes of the datagrams handed to datagram_received",
+    "datagram_send": "sendto/send calls on datagram sockets",
+    "datagram_send_eagain": "datagram sends that found the socket buffer full (the datagram waits)",
+    "datagrams_sent": "datagrams the kernel took",
+    "datagram_bytes_sent": "bytes of the datagrams the kernel took",
+    "datagram_errors": (
+        "datagram reads and sends that failed with an OSError (ICMP errors such as "
+        "ConnectionRefusedError, a refused send): each went to error_received"
+    ),
 }
 
 
@@ -75,6 +88,16 @@ class Counters:
     partial_writes: int
     write_feeds: int
     always_ready_fds: int
+    datagram_read_events: int
+    datagram_recv: int
+    datagram_recv_eagain: int
+    datagrams_received: int
+    datagram_bytes_received: int
+    datagram_send: int
+    datagram_send_eagain: int
+    datagrams_sent: int
+    datagram_bytes_sent: int
+    datagram_errors: int
     sent_at_once: int
     queued_at_once: int
 
@@ -123,6 +146,16 @@ class LoopStatistics:
     partial_writes: int = 0
     write_feeds: int = 0
     always_ready_fds: int = 0
+    datagram_read_events: int = 0
+    datagram_recv: int = 0
+    datagram_recv_eagain: int = 0
+    datagrams_received: int = 0
+    datagram_bytes_received: int = 0
+    datagram_send: int = 0
+    datagram_send_eagain: int = 0
+    datagrams_sent: int = 0
+    datagram_bytes_sent: int = 0
+    datagram_errors: int = 0
 
     @property
     def epoll_ctl(self) -> int:
@@ -131,7 +164,8 @@ class LoopStatistics:
 
     @property
     def syscalls(self) -> int:
-        """Poller, socket I/O and accept system calls counted by the loop."""
+        """Poller, socket I/O (stream and datagram) and accept system calls
+        counted by the loop."""
         return (
             self.poll_waits
             + self.epoll_ctl
@@ -139,6 +173,8 @@ class LoopStatistics:
             + self.send
             + self.sendmsg
             + self.accept
+            + self.datagram_recv
+            + self.datagram_send
         )
 
     def as_dict(self) -> dict[str, int | str]:

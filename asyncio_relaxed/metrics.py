@@ -59,13 +59,21 @@ class Family:
 # Loop counters (see asyncio_relaxed.COUNTERS) exported with a "call" label.
 _SYSCALLS = {"poll_waits": "poll", "epoll_ctl_add": "epoll_ctl_add",
              "epoll_ctl_mod": "epoll_ctl_mod", "epoll_ctl_del": "epoll_ctl_del",
-             "recv": "recv", "send": "send", "sendmsg": "sendmsg", "accept": "accept"}
-_WOULD_BLOCK = {"recv_eagain": "recv", "send_eagain": "send", "accept_eagain": "accept"}
+             "recv": "recv", "send": "send", "sendmsg": "sendmsg", "accept": "accept",
+             "datagram_recv": "datagram_recv", "datagram_send": "datagram_send"}
+_WOULD_BLOCK = {"recv_eagain": "recv", "send_eagain": "send", "accept_eagain": "accept",
+                "datagram_recv_eagain": "datagram_recv",
+                "datagram_send_eagain": "datagram_send"}
 # The rest, each a counter of its own.
 _OWN = {"iterations": "iterations", "events": "io_events", "callbacks": "callbacks",
         "writes": "writes", "writes_deferred": "writes_deferred",
         "writes_coalesced": "writes_coalesced", "partial_writes": "partial_writes",
-        "write_feeds": "write_feeds", "always_ready_fds": "always_ready_fds"}
+        "write_feeds": "write_feeds", "always_ready_fds": "always_ready_fds",
+        "datagram_read_events": "datagram_read_events",
+        "datagrams_received": "datagrams_received",
+        "datagram_bytes_received": "datagram_received_bytes",
+        "datagrams_sent": "datagrams_sent", "datagram_bytes_sent": "datagram_sent_bytes",
+        "datagram_errors": "datagram_errors"}
 assert set(_SYSCALLS) | set(_WOULD_BLOCK) | set(_OWN) == set(COUNTERS)
 
 _PREFIX = "asyncio_relaxed_"

@@ -1,0 +1,314 @@
+"""The datagram transport: a burst of datagrams read in one readiness event.
+
+Theory of operation
+===================
+
+Reads.  Each readiness event reads up to ``datagram_batch`` datagrams (the
+loop's setting; libuv's ``uv__udp_recvmsg`` reads up to 32 per event), each
+with ``recvfrom_into`` into the loop's one receive buffer, and hands
+``datagram_received`` one exact-size ``bytes`` copy of each.  On a socket
+with a peer (connected) it is ``recv_into``: the kernel delivers only the
+peer's datagrams to such a socket, so the address is the one
+``getpeername()`` gave, in the form ``recvfrom`` would give it (checked for
+IPv4, IPv6 and Unix sockets; a socketpair's peer has no name, and there
+``recvfrom_into`` tells the ``None`` that stock passes).  Stock's transport
+makes one ``recvfrom(256 KiB)`` per event instead: a burst of N datagrams
+costs N loop iterations, and each read allocates 256 KiB.
+
+The batch ends at the first of: EAGAIN (the socket ran dry), the limit, an
+OSError (``error_received`` is called once per event, as on stock; an ICMP
+error is reported once by the kernel, so the next event reads on), or a
+callback that paused reading or closed the transport.  That last condition
+is checked after every ``datagram_received``: a datagram that arrives after
+``pause_reading()`` or ``close()`` stays in the kernel, as on stock.
+Whatever the batch leaves, the level-triggered poller reports again.  An
+exception from the protocol's callbacks ends the batch and reaches the loop's
+exception handler as the reader's own, as stock's does.
+
+The buffer: a datagram read returns at most 256 KiB on stock (its
+``max_size``), so the loop's buffer serves when ``read_size`` is at least
+that; otherwise the transport reads into a 256 KiB buffer of its own, so no
+datagram is cut shorter than stock would cut it.  Every read copies out of
+the buffer before a callback runs, which keeps the buffer free for the next
+read of any transport of the loop.
+
+Writes.  As stock: ``sendto`` sends at once when nothing is buffered; a
+datagram the kernel refuses with EAGAIN is copied into the buffer (a deque
+of (bytes, address)) and waits for EPOLLOUT, where ``_sendto_ready`` sends
+the buffer in order, one system call per datagram (each is one message).
+Flow control counts each buffered datagram's payload plus the header bytes
+stock counts on this Python (``_compat.DATAGRAM_HEADER_SIZE``: 8 on 3.13.0
+and later, none on 3.11.7 and 3.12.1), added when it is buffered and
+subtracted when it is sent; 3.13.0's stock subtracts the payload only, so its
+count grows by 8 per datagram ever buffered and a paused protocol may never
+resume: this behaves as 3.14's, which counts both ways.
+
+Errors.  An OSError of a read or a send goes to ``error_received`` and the
+transport stays open (an ICMP port unreachable arrives as
+ConnectionRefusedError on a connected socket, at its next read or send);
+anything else is fatal, with stock's texts.  Closing is stock's: ``close()``
+stops reading and ends once the buffer has gone out, ``abort()`` drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+from typing import Any
+
+from . import _compat
+from ._basetransport import TransportBase
+from ._shared import TransportShared
+
+__all__ = ["DatagramTransport"]
+
+_SENDS_EMPTY = _compat.DATAGRAM_SENDS_EMPTY
+_HEADER_SIZE = _compat.DATAGRAM_HEADER_SIZE
+
+#: The most one datagram read returns: stock's max_size (its recvfrom size).
+MAX_SIZE = 256 * 1024
+
+
+def _receive_view(shared: TransportShared) -> memoryview:
+    """Where a datagram is read: the loop's buffer, or one of MAX_SIZE."""
+    if len(shared.read_buffer) >= MAX_SIZE:
+        return shared.read_view
+    return memoryview(bytearray(MAX_SIZE))
+
+
+class DatagramTransport(TransportBase, asyncio.DatagramTransport):
+    """A datagram transport over a non-blocking socket (UDP or Unix)."""
+
+    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_paused", "_view")
+
+    # Kept for code that reads it, as on stock; reads are bounded by MAX_SIZE.
+    max_size = MAX_SIZE
+
+    def __init__(
+        self,
+        loop: Any,
+        sock: socket.socket,
+        protocol: Any,
+        address: Any = None,
+        waiter: Any = None,
+        extra: dict[str, Any] | None = None,
+        *,
+        shared: TransportShared,
+    ) -> None:
+        super().__init__(loop, sock, extra, None, shared, None)
+        self._address = address  # create_datagram_endpoint's remote_addr, or None
+        self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
+        self._buffer_size = 0  # payloads plus header bytes (see the module docstring)
+        self._paused = False  # Set when pause_reading() is called.
+        self._batch = shared.config.datagram_batch
+        self._view = _receive_view(shared)
+        self.set_protocol(protocol)
+        self._attach(None)
+        self._schedule_start(waiter)
+
+    # -- protocol and reading state ------------------------------------------
+
+    def set_protocol(self, protocol: Any) -> None:
+        self._protocol = protocol
+        self._protocol_connected = True
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        self._unwatch_read()
+        if self._loop.get_debug():
+            _compat.transport_logger().debug("%r pauses reading", self)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._start_reading()
+        if self._loop.get_debug():
+            _compat.transport_logger().debug("%r resumes reading", self)
+
+    def _start_reading(self) -> None:
+        if not self._closing and not self._paused:
+            self._watch_read(self._read_ready)
+
+    def get_write_buffer_size(self) -> int:
+        return self._buffer_size
+
+    # -- reading ----------------------------------------------------------
+
+    def _read_ready(self) -> None:
+        """One readiness event: up to the batch of datagrams (see the module
+        docstring for where the batch ends)."""
+        if self._conn_lost:
+            return
+        stats = self._shared.stats
+        stats.datagram_read_events += 1
+        sock: Any = self._sock
+        view = self._view
+        peer = self._peername or None  # a socketpair's is "": recvfrom tells None
+        calls = received = nbytes_in = 0
+        try:
+            for _ in range(self._batch):
+                calls += 1
+                try:
+                    if peer is None:
+                        nbytes, addr = sock.recvfrom_into(view)
+                    else:
+                        nbytes = sock.recv_into(view)
+                        addr = peer
+                except (BlockingIOError, InterruptedError):
+                    stats.datagram_recv_eagain += 1
+                    return
+                except OSError as exc:
+                    stats.datagram_errors += 1
+                    self._protocol.error_received(exc)
+                    return
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._fatal_error(exc, "Fatal read error on datagram transport")
+                    return
+                received += 1
+                nbytes_in += nbytes
+                self._protocol.datagram_received(view[:nbytes].tobytes(), addr)
+                if self._closing or self._paused:
+                    return
+        finally:
+            # Once per event, not per datagram: three increments per batch.
+            stats.datagram_recv += calls
+            stats.datagrams_received += received
+            stats.datagram_bytes_received += nbytes_in
+
+    # -- writing ----------------------------------------------------------
+
+    def sendto(self, data: Any, addr: Any = None) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data argument must be a bytes-like object, "
+                            f"not {type(data).__name__!r}")
+        if not data and not _SENDS_EMPTY:
+            return
+        if self._address:
+            if addr not in (None, self._address):
+                raise ValueError(f"Invalid address: must be None or {self._address}")
+            addr = self._address
+        if self._conn_lost and self._address:
+            if self._conn_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                _compat.transport_logger().warning("socket.send() raised exception.")
+            self._conn_lost += 1
+            return
+        if not self._buffer:
+            # Nothing buffered: sent at once, as stock does.
+            stats = self._shared.stats
+            stats.datagram_send += 1
+            try:
+                if self._peername:
+                    n = self._sock.send(data)  # type: ignore[union-attr]
+                else:
+                    n = self._sock.sendto(data, addr)  # type: ignore[union-attr]
+            except (BlockingIOError, InterruptedError):
+                stats.datagram_send_eagain += 1
+                self._watch_write()
+            except OSError as exc:
+                stats.datagram_errors += 1
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on datagram transport")
+                return
+            else:
+                stats.datagrams_sent += 1
+                stats.datagram_bytes_sent += n
+                return
+        # A copy: the caller may reuse a bytearray once sendto() returns.
+        chunk = bytes(data)
+        self._buffer.append((chunk, addr))
+        self._buffer_size += len(chunk) + _HEADER_SIZE
+        self._maybe_pause_protocol()
+
+    def _sendto_ready(self) -> None:
+        """EPOLLOUT: the buffered datagrams, in order, until EAGAIN."""
+        buffer = self._buffer
+        stats = self._shared.stats
+        while buffer:
+            data, addr = buffer.popleft()
+            self._buffer_size -= len(data) + _HEADER_SIZE
+            stats.datagram_send += 1
+            try:
+                if self._peername:
+                    n = self._sock.send(data)  # type: ignore[union-attr]
+                else:
+                    n = self._sock.sendto(data, addr)  # type: ignore[union-attr]
+            except (BlockingIOError, InterruptedError):
+                stats.datagram_send_eagain += 1
+                buffer.appendleft((data, addr))  # Try again later.
+                self._buffer_size += len(data) + _HEADER_SIZE
+                break
+            except OSError as exc:
+                stats.datagram_errors += 1
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on datagram transport")
+                return
+            stats.datagrams_sent += 1
+            stats.datagram_bytes_sent += n
+        self._maybe_resume_protocol()  # May append to the buffer.
+        if not buffer:
+            self._unwatch_write()
+            if self._closing and not self._conn_lost:
+                # close() waited for the buffer: the end, now.
+                self._conn_lost += 1
+                self._call_connection_lost(None)
+
+    # The writer TransportBase._watch_write registers.
+    _write_ready = _sendto_ready
+
+    # -- closing ----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._unwatch_read()
+        self._release_fd()  # never read again: the removal goes out now
+        if not self._buffer:
+            self._conn_lost += 1
+            self._unwatch_write()
+            self._call_soon(self._call_connection_lost, None)
+        # Otherwise _sendto_ready ends it once the buffer has gone out.
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._conn_lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._unwatch_write()
+        self._buffer_size = 0
+        if not self._closing:
+            self._closing = True
+            self._unwatch_read()
+            self._release_fd()
+        self._conn_lost += 1
+        self._call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            if self._protocol_connected:
+                self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()  # type: ignore[union-attr]
+            self._sock = None
+            self._protocol = None
+            self._loop = None

@@ -1,0 +1,610 @@
+"""create_datagram_endpoint() on stock and on our loop in each preset, ours
+also with ``datagram=stock``: echo (connected and not; IPv4, IPv6, Unix),
+sizes 0 and 65,507, an ICMP port unreachable, a burst read in one event,
+close and pause_reading inside a burst, sendto's argument errors (the texts
+of this Python's stock), flow control over a full Unix socket, close and
+abort with datagrams buffered, extra info, repr and the finaliser.
+
+Behaviour is compared with stock on the same Python; counts come from
+``loop.statistics()`` (never timings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import re
+import socket
+import tempfile
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import asyncio_relaxed
+from asyncio_relaxed import _compat
+from conftest import (
+    LOOP_FACTORIES,
+    REFCOUNTED,
+    RELAXED_SETTINGS,
+    LoopErrors,
+    _as_fixture,
+    collect_garbage,
+    run,
+)
+
+LOCAL = "127.0.0.1"
+HAS_IPV6 = socket.has_ipv6
+try:
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as _probe:
+        _probe.bind(("::1", 0))
+except OSError:
+    HAS_IPV6 = False
+HAS_UNIX = hasattr(socket, "AF_UNIX")
+_HEADER = _compat.DATAGRAM_HEADER_SIZE
+
+#: Stock, each of our presets, and our default preset with stock's datagram transport.
+DATAGRAM_LOOPS = ["asyncio", *RELAXED_SETTINGS, "relaxed-datagram-stock"]
+
+
+@pytest.fixture(params=DATAGRAM_LOOPS)
+def dloop(request: pytest.FixtureRequest,
+          loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEventLoop]:
+    name: str = request.param
+    if name == "relaxed-datagram-stock":
+        loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(datagram="stock")
+    else:
+        factory = LOOP_FACTORIES[name]
+        assert factory is not None
+        loop = factory()
+    yield from _as_fixture(loop, loop_errors)
+
+
+@pytest.fixture(params=list(RELAXED_SETTINGS))
+def own_loop(request: pytest.FixtureRequest,
+             loop_errors: LoopErrors) -> Iterator[asyncio_relaxed.Loop]:
+    """Our loop with its own datagram transport, in each preset."""
+    loop = asyncio_relaxed.Loop(**RELAXED_SETTINGS[request.param], datagram="own")
+    yield from _as_fixture(loop, loop_errors)  # type: ignore[misc]
+
+
+def own(loop: asyncio.AbstractEventLoop) -> bool:
+    return (isinstance(loop, asyncio_relaxed.Loop)
+            and loop.config.datagram is asyncio_relaxed.DatagramMode.OWN)
+
+
+class Recorder(asyncio.DatagramProtocol):
+    """What the transport tells its protocol, with a future per awaited count."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: Any = None
+        self.received: list[tuple[bytes, Any]] = []
+        self.errors: list[BaseException] = []
+        self.calls: list[str] = []
+        self.lost: asyncio.Future[BaseException | None] = loop.create_future()
+        self._want: tuple[int, asyncio.Future[None]] | None = None
+        self.error: asyncio.Future[BaseException] = loop.create_future()
+        self.echo = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.calls.append("connection_made")
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        assert not self.lost.done(), "a datagram after connection_lost"
+        self.received.append((data, addr))
+        if self.echo:
+            self.transport.sendto(data, addr)
+        if self._want is not None and len(self.received) >= self._want[0]:
+            fut = self._want[1]
+            self._want = None
+            fut.set_result(None)
+
+    def error_received(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        if not self.error.done():
+            self.error.set_result(exc)
+
+    def pause_writing(self) -> None:
+        self.calls.append("pause_writing")
+
+    def resume_writing(self) -> None:
+        self.calls.append("resume_writing")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.calls.append("connection_lost")
+        self.lost.set_result(exc)
+
+    async def count(self, n: int) -> None:
+        if len(self.received) < n:
+            fut = self.loop.create_future()
+            self._want = (n, fut)
+            await fut
+
+
+def _unix_path() -> str:
+    folder = tempfile.mkdtemp(prefix="dgram-")
+    return os.path.join(folder, "s")
+
+
+def _family_addr(family: str) -> tuple[int, Any]:
+    if family == "ipv4":
+        return socket.AF_INET, (LOCAL, 0)
+    if family == "ipv6":
+        if not HAS_IPV6:
+            pytest.skip("no IPv6 loopback here")
+        return socket.AF_INET6, ("::1", 0)
+    if not HAS_UNIX:
+        pytest.skip("no AF_UNIX here")
+    return socket.AF_UNIX, _unix_path()
+
+
+async def _endpoint(loop: asyncio.AbstractEventLoop, **kwargs: Any) -> tuple[Any, Recorder]:
+    transport, protocol = await loop.create_datagram_endpoint(lambda: Recorder(loop), **kwargs)
+    return transport, protocol
+
+
+def test_the_loop_makes_its_own_transport_by_the_setting(dloop: asyncio.AbstractEventLoop) -> None:
+    """datagram=own makes the loop's transport; stock and datagram=stock make stock's."""
+    async def main() -> str:
+        transport, _ = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        transport.close()
+        return type(transport).__module__
+
+    module = run(dloop, main())
+    assert module == ("asyncio_relaxed._datagram" if own(dloop) else "asyncio.selector_events")
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv6", "unix"])
+@pytest.mark.parametrize("connected", [False, True], ids=["unconnected", "connected"])
+def test_echo(dloop: asyncio.AbstractEventLoop, family: str, connected: bool) -> None:
+    """A client endpoint sends three datagrams to an echoing server endpoint
+    and gets each back, with the addresses recvfrom gives on stock."""
+    fam, addr = _family_addr(family)
+
+    async def main() -> None:
+        server, sproto = await _endpoint(dloop, local_addr=addr, family=fam)
+        sproto.echo = True
+        server_addr = server.get_extra_info("sockname")
+        # Bound where the server can reply (an unbound Unix client gets none).
+        options: dict[str, Any] = {
+            "family": fam, "local_addr": _unix_path() if fam == socket.AF_UNIX else addr}
+        if connected:
+            # (create_datagram_endpoint takes (host, port) for IPv6 too)
+            options["remote_addr"] = server_addr if fam == socket.AF_UNIX else server_addr[:2]
+        client, cproto = await _endpoint(dloop, **options)
+        for data in (b"one", b"two", b"three"):
+            if connected:
+                client.sendto(data)
+            else:
+                client.sendto(data, server_addr)
+        await cproto.count(3)
+        assert [d for d, _ in cproto.received] == [b"one", b"two", b"three"]
+        assert {a for _, a in cproto.received} == {server_addr}
+        assert {a for _, a in sproto.received} == {client.get_extra_info("sockname")}
+        assert client.get_extra_info("peername") == (server_addr if connected else None)
+        client.close()
+        server.close()
+        assert await cproto.lost is None
+        assert await sproto.lost is None
+        assert cproto.calls == ["connection_made", "connection_lost"]
+
+    run(dloop, main())
+
+
+@pytest.mark.parametrize("size", [0, 1, 65507])
+def test_sizes(dloop: asyncio.AbstractEventLoop, size: int) -> None:
+    """A datagram of 0, 1 and 65,507 bytes (the IPv4 maximum) arrives whole,
+    from a plain socket; the transport's own sendto(b"") sends one where
+    stock's does (3.13.0) and nothing where it drops it (3.11.7, 3.12.1):
+    the stock loop's run of this test checks the probe."""
+    async def main() -> None:
+        server, sproto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        addr = server.get_extra_info("sockname")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind((LOCAL, 0))
+            payload = os.urandom(size)
+            peer.sendto(payload, addr)
+            await sproto.count(1)
+            assert sproto.received == [(payload, peer.getsockname())]
+            server.sendto(payload, peer.getsockname())
+            peer.settimeout(5)
+            if size or _compat.DATAGRAM_SENDS_EMPTY:
+                assert peer.recv(65536) == payload
+            else:
+                peer.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    peer.recv(65536)
+        server.close()
+        await sproto.lost
+
+    run(dloop, main())
+
+
+def test_port_unreachable_is_error_received(dloop: asyncio.AbstractEventLoop) -> None:
+    """A connected endpoint whose peer's port is closed: the kernel's ICMP
+    port unreachable comes to error_received as ConnectionRefusedError, and
+    the transport stays open."""
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as gone:
+            gone.bind((LOCAL, 0))
+            addr = gone.getsockname()
+        transport, proto = await _endpoint(dloop, remote_addr=addr)
+        transport.sendto(b"anyone?")
+        exc = await asyncio.wait_for(proto.error, 10)
+        assert isinstance(exc, ConnectionRefusedError)
+        assert not transport.is_closing()
+        assert proto.calls == ["connection_made"]
+        transport.close()
+        assert await proto.lost is None
+
+    run(dloop, main())
+
+
+def test_failed_send_is_error_received(dloop: asyncio.AbstractEventLoop) -> None:
+    """A send the kernel refuses (no such Unix socket) goes to error_received."""
+    if not HAS_UNIX:
+        pytest.skip("no AF_UNIX here")
+
+    async def main() -> None:
+        transport, proto = await _endpoint(dloop, local_addr=_unix_path(), family=socket.AF_UNIX)
+        transport.sendto(b"x", _unix_path())  # a path nobody bound
+        assert [type(e) for e in proto.errors] == [FileNotFoundError]
+        assert not transport.is_closing()
+        transport.close()
+        await proto.lost
+
+    run(dloop, main())
+
+
+def _burst(addr: Any, n: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        for i in range(n):
+            peer.sendto(b"%d" % i, addr)
+
+
+@pytest.mark.parametrize("n, events", [(32, 1), (33, 2), (5, 1)])
+def test_a_burst_is_read_in_one_event(own_loop: asyncio_relaxed.Loop, n: int,
+                                      events: int) -> None:
+    """Datagrams waiting when the poll reports the socket: up to
+    datagram_batch (32) read in one readiness event, each counted; 33 take
+    two events, the second ending at EAGAIN."""
+    loop = own_loop
+
+    async def main() -> None:
+        server, sproto = await _endpoint(loop, local_addr=(LOCAL, 0))
+        before = loop.statistics()
+        _burst(server.get_extra_info("sockname"), n)
+        await sproto.count(n)
+        await asyncio.sleep(0)
+        diff = loop.statistics() - before
+        assert [d for d, _ in sproto.received] == [b"%d" % i for i in range(n)]
+        assert diff.datagram_read_events == events
+        assert diff.datagrams_received == n
+        assert diff.datagram_bytes_received == sum(len(b"%d" % i) for i in range(n))
+        assert diff.datagram_recv == n + diff.datagram_recv_eagain
+        assert diff.datagram_recv_eagain == (0 if n == 32 else 1)
+        server.close()
+        await sproto.lost
+
+    run(loop, main())
+
+
+def test_batch_setting(loop_errors: LoopErrors) -> None:
+    """datagram_batch=1 reads one datagram per readiness event, as stock does."""
+    for loop in _as_fixture(asyncio_relaxed.Loop(datagram_batch=1), loop_errors):
+        async def main(loop: asyncio_relaxed.Loop = loop) -> None:
+            server, sproto = await _endpoint(loop, local_addr=(LOCAL, 0))
+            before = loop.statistics()
+            _burst(server.get_extra_info("sockname"), 5)
+            await sproto.count(5)
+            diff = loop.statistics() - before
+            assert diff.datagram_read_events == 5
+            assert diff.datagrams_received == 5
+            server.close()
+            await sproto.lost
+
+        run(loop, main())
+
+
+class _CloseAt(Recorder):
+    def __init__(self, loop: asyncio.AbstractEventLoop, at: int, how: str) -> None:
+        super().__init__(loop)
+        self.at, self.how = at, how
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        super().datagram_received(data, addr)
+        if len(self.received) == self.at:
+            getattr(self.transport, self.how)()
+
+
+@pytest.mark.parametrize("how", ["close", "abort", "pause_reading"])
+def test_a_callback_ends_the_batch(dloop: asyncio.AbstractEventLoop, how: str) -> None:
+    """close(), abort() or pause_reading() from datagram_received, at the
+    3rd of 10 waiting datagrams: nothing more is delivered (after close, not
+    even after connection_lost); after pause_reading, resume_reading()
+    delivers the other 7 in order."""
+    async def main() -> None:
+        server, proto = await dloop.create_datagram_endpoint(
+            lambda: _CloseAt(dloop, 3, how), local_addr=(LOCAL, 0))
+        before = dloop.statistics() if own(dloop) else None
+        _burst(server.get_extra_info("sockname"), 10)
+        await proto.count(3)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert [d for d, _ in proto.received] == [b"0", b"1", b"2"]
+        if before is not None:
+            diff = dloop.statistics() - before  # type: ignore[attr-defined]
+            assert (diff.datagram_read_events, diff.datagrams_received) == (1, 3)
+        if how == "pause_reading":
+            assert not server.is_reading()
+            server.resume_reading()
+            await proto.count(10)
+            assert [d for d, _ in proto.received] == [b"%d" % i for i in range(10)]
+            server.close()
+        assert await proto.lost is None
+        assert len(proto.received) == (10 if how == "pause_reading" else 3)
+
+    run(dloop, main())
+
+
+def _sendto_outcomes(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """What each sendto() misuse does on *loop*: the exception's type and
+    text, or "ok"."""
+    async def main() -> list[str]:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind((LOCAL, 0))
+            addr = peer.getsockname()
+            connected, cproto = await _endpoint(loop, remote_addr=addr)
+            unconnected, uproto = await _endpoint(loop, local_addr=(LOCAL, 0))
+            outcomes = []
+            calls = [
+                (connected, ("text",)),
+                (connected, (1234,)),
+                (connected, (None,)),
+                (connected, (b"x", ("127.0.0.2", 9))),
+                (connected, (b"x", "nowhere")),
+                (connected, (b"x", addr)),
+                (connected, (bytearray(b"x"),)),
+                (connected, (memoryview(b"x"),)),
+                (unconnected, ("text", addr)),
+                (unconnected, (b"x", (LOCAL, 0))),
+                (unconnected, (b"",  addr)),
+            ]
+            for transport, args in calls:
+                try:
+                    transport.sendto(*args)
+                    outcomes.append("ok")
+                except Exception as exc:
+                    # (the ports of this run's sockets out of the text)
+                    text = str(exc).replace(str(addr), "ADDR")
+                    outcomes.append(f"{type(exc).__name__}: {text}")
+            outcomes.append(f"errors: {[type(e).__name__ for e in uproto.errors]}")
+            connected.close()
+            unconnected.close()
+            await cproto.lost
+            await uproto.lost
+            outcomes.append(f"after close: {connected.sendto(b'x')!r}")
+            return outcomes
+
+    return run(loop, main())  # type: ignore[no-any-return]
+
+
+def test_sendto_argument_errors_are_stocks(dloop: asyncio.AbstractEventLoop,
+                                           loop_errors: LoopErrors) -> None:
+    """sendto()'s TypeError and ValueError texts and what a misuse does,
+    call for call the same as on stock's loop on this Python."""
+    stock = asyncio.SelectorEventLoop()
+    try:
+        expected = _sendto_outcomes(stock)
+    finally:
+        stock.close()
+    asyncio.set_event_loop(dloop)
+    got = _sendto_outcomes(dloop)
+    assert got == expected
+    assert any("bytes-like object" in outcome for outcome in got)
+    assert any("Invalid address: must be None or" in outcome for outcome in got)
+
+
+@pytest.mark.skipif(not HAS_UNIX, reason="no AF_UNIX here")
+def test_flow_control_over_a_full_unix_socket(dloop: asyncio.AbstractEventLoop) -> None:
+    """A Unix datagram socket whose peer does not read refuses sends once its
+    queue is full: the transport buffers, pauses the protocol past the high
+    mark, and once the peer reads, sends the rest in order and resumes it."""
+    async def main() -> None:
+        path = _unix_path()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as peer:
+            peer.bind(path)
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            transport, proto = await _endpoint(dloop, remote_addr=path, family=socket.AF_UNIX)
+            transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            transport.set_write_buffer_limits(high=4096, low=1024)
+            sent = 0
+            while "pause_writing" not in proto.calls:
+                assert sent < 10_000, "the peer's queue never filled"
+                transport.sendto(b"%06d" % sent + b"." * 500)
+                sent += 1
+            buffered = transport.get_write_buffer_size()
+            assert buffered > 4096
+            peer.setblocking(False)
+            got: list[bytes] = []
+            while len(got) < sent:
+                try:
+                    got.append(peer.recv(1024))
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+            assert [g[:6] for g in got] == [b"%06d" % i for i in range(sent)]
+            assert proto.calls == ["connection_made", "pause_writing", "resume_writing"]
+            if own(dloop) or hasattr(transport, "_header_size") or not _HEADER:
+                # (3.13's stock counts 8 bytes per datagram ever buffered)
+                assert transport.get_write_buffer_size() == 0
+            transport.close()
+            assert await proto.lost is None
+
+    run(dloop, main())
+
+
+@pytest.mark.skipif(not HAS_UNIX, reason="no AF_UNIX here")
+@pytest.mark.parametrize("how", ["close", "abort"])
+def test_close_waits_for_the_buffer_abort_drops_it(dloop: asyncio.AbstractEventLoop,
+                                                   how: str) -> None:
+    """close() with datagrams buffered: connection_lost once they have gone
+    out, all delivered; abort(): connection_lost on the next iteration,
+    nothing more sent."""
+    async def main() -> None:
+        path = _unix_path()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as peer:
+            peer.bind(path)
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            transport, proto = await _endpoint(dloop, remote_addr=path, family=socket.AF_UNIX)
+            sent = 0
+            while not transport.get_write_buffer_size():
+                assert sent < 10_000, "the peer's queue never filled"
+                transport.sendto(b"%06d" % sent)
+                sent += 1
+            transport.sendto(b"%06d" % sent)
+            sent += 1
+            delivered_before = sent - 2  # the first refused one and the last are buffered
+            getattr(transport, how)()
+            assert transport.is_closing()
+            peer.setblocking(False)
+            got: list[bytes] = []
+            while not proto.lost.done():
+                try:
+                    got.append(peer.recv(1024))
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+            assert await proto.lost is None
+            while True:
+                try:
+                    got.append(peer.recv(1024))
+                except BlockingIOError:
+                    break
+            expect = sent if how == "close" else delivered_before
+            assert got == [b"%06d" % i for i in range(expect)]
+
+    run(dloop, main())
+
+
+def test_extra_info_and_repr(dloop: asyncio.AbstractEventLoop) -> None:
+    """get_extra_info's keys and the repr, in stock's form."""
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind((LOCAL, 0))
+            transport, proto = await _endpoint(dloop, remote_addr=peer.getsockname())
+            sock = transport.get_extra_info("socket")
+            assert sock.fileno() == transport._sock.fileno()
+            assert type(sock).__name__ == "TransportSocket"
+            assert transport.get_extra_info("sockname") == sock.getsockname()
+            assert transport.get_extra_info("peername") == peer.getsockname()
+            assert transport.get_extra_info("nothing", "dflt") == "dflt"
+            assert isinstance(transport, asyncio.BaseTransport)
+            assert transport.get_protocol() is proto
+            assert re.fullmatch(r"<\w+ fd=\d+ read=polling write=<idle, bufsize=0>>",
+                                repr(transport)), repr(transport)
+            transport.pause_reading()
+            assert " read=idle " in repr(transport)
+            transport.close()
+            assert re.fullmatch(r"<\w+ closing fd=\d+ read=idle write=<idle, bufsize=0>>",
+                                repr(transport)), repr(transport)
+            await proto.lost
+            assert re.fullmatch(r"<\w+ closed fd=\d+>", repr(transport)), repr(transport)
+
+    run(dloop, main())
+
+
+def test_an_unclosed_transport_warns(dloop: asyncio.AbstractEventLoop) -> None:
+    """A transport collected unclosed: ResourceWarning "unclosed transport",
+    and its socket is closed."""
+    async def main() -> int:
+        transport, proto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        fd: int = transport._sock.fileno()
+        proto.transport = None
+        dloop._transports.pop(fd, None)  # type: ignore[attr-defined]
+        dloop._remove_reader(fd)  # type: ignore[attr-defined]
+        del transport
+        return fd
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fd = run(dloop, main())
+        collect_garbage()
+        if not REFCOUNTED:
+            gc.collect()
+    messages = [str(w.message) for w in caught if w.category is ResourceWarning]
+    assert any(m.startswith("unclosed transport <") and f"fd={fd}" in m
+               for m in messages), messages
+
+
+def test_sendto_counts(own_loop: asyncio_relaxed.Loop) -> None:
+    """Each datagram sent at once: one send, one datagram and its bytes out."""
+    loop = own_loop
+
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind((LOCAL, 0))
+            transport, proto = await _endpoint(loop, local_addr=(LOCAL, 0))
+            before = loop.statistics()
+            for size in (3, 5, 7):
+                transport.sendto(b"x" * size, peer.getsockname())
+            diff = loop.statistics() - before
+            assert (diff.datagram_send, diff.datagrams_sent, diff.datagram_bytes_sent) == (3, 3, 15)
+            assert diff.datagram_send_eagain == diff.datagram_errors == 0
+            transport.close()
+            await proto.lost
+
+    run(loop, main())
+
+
+def test_iterations_are_not_blocked_by_an_idle_endpoint(own_loop: asyncio_relaxed.Loop) -> None:
+    """An endpoint with nothing to read costs no read: the reader runs only
+    on readiness."""
+    loop = own_loop
+
+    async def main() -> None:
+        transport, proto = await _endpoint(loop, local_addr=(LOCAL, 0))
+        before = loop.statistics()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        diff = loop.statistics() - before
+        assert diff.datagram_read_events == diff.datagram_recv == 0
+        transport.close()
+        await proto.lost
+
+    run(loop, main())
+
+
+class _RaiseAt(Recorder):
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        super().datagram_received(data, addr)
+        if data == b"1":
+            raise ZeroDivisionError("from datagram_received")
+
+
+def test_a_failing_callback_is_the_readers_error(dloop: asyncio.AbstractEventLoop,
+                                                 loop_errors: LoopErrors) -> None:
+    """datagram_received raising: reported as the reader's exception (stock's
+    "Exception in callback ..._read_ready()"), the transport stays open and
+    the datagrams after it are delivered."""
+    loop_errors.expect("Exception in callback")
+
+    async def main() -> None:
+        server, proto = await dloop.create_datagram_endpoint(
+            lambda: _RaiseAt(dloop), local_addr=(LOCAL, 0))
+        _burst(server.get_extra_info("sockname"), 3)
+        await proto.count(3)
+        assert [d for d, _ in proto.received] == [b"0", b"1", b"2"]
+        assert not server.is_closing()
+        server.close()
+        await proto.lost
+
+    run(dloop, main())
+    assert len(loop_errors.contexts) == 1
+    context = loop_errors.contexts[0]
+    assert isinstance(context["exception"], ZeroDivisionError)
+    assert context["message"].startswith("Exception in callback ")
+    assert context["message"].endswith("._read_ready()")
