@@ -278,8 +278,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         if self._closing:
             return
         self._closing = True
-        self._unwatch_read()
-        self._release_fd()  # never read again: the removal goes out now
+        self._unwatch_for_good()  # never read again: the removal goes out now
         if not self._buffer:
             self._conn_lost += 1
             self._unwatch_write()
@@ -298,8 +297,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         self._buffer_size = 0
         if not self._closing:
             self._closing = True
-            self._unwatch_read()
-            self._release_fd()
+            self._unwatch_for_good()
         self._conn_lost += 1
         self._call_soon(self._call_connection_lost, exc)
 
