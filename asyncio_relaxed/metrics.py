@@ -96,18 +96,21 @@ def snapshot_families(snapshot: Mapping[str, Any], base: Mapping[str, str]) -> l
                   [(base, {"version": snapshot["version"], "python": snapshot["python"],
                            "backend": snapshot["backend"],
                            **{name: settings[name] for name in _INFO_SETTINGS}})])]
+    # A counter this version has and the worker's does not (a file an older
+    # worker published into the same directory) has no sample of it.
     out += [
-        Family(_PREFIX + name, "counter", COUNTERS[counter], "", [(base, stats[counter])])
+        Family(_PREFIX + name, "counter", COUNTERS[counter], "",
+               [(base, stats[counter])] if counter in stats else [])
         for counter, name in _OWN.items()
     ]
     out.append(Family(_PREFIX + "syscalls", "counter",
                       "system calls the loop made, by call",
                       "", [({**base, "call": call}, stats[counter])
-                           for counter, call in _SYSCALLS.items()]))
+                           for counter, call in _SYSCALLS.items() if counter in stats]))
     out.append(Family(_PREFIX + "syscalls_would_block", "counter",
                       "system calls that found nothing to do (EAGAIN), by call",
                       "", [({**base, "call": call}, stats[counter])
-                           for counter, call in _WOULD_BLOCK.items()]))
+                           for counter, call in _WOULD_BLOCK.items() if counter in stats]))
     out.append(Family(_PREFIX + "slow_callbacks", "counter",
                       "callbacks that ran longer than the slow_callback setting",
                       "", [(base, health["slow_callbacks"])]))

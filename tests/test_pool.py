@@ -351,3 +351,26 @@ def test_pool_collector_against_the_workers_own_statistics(tmp_path: pathlib.Pat
     assert value("asyncio_relaxed_pool_lag_seconds_count") == lag_count
     assert not any(name.startswith("asyncio_relaxed_pool_accept_queue") for name, _ in samples)
     assert os.listdir(tmp_path) == []  # each worker removed its file at exit
+
+
+def test_a_file_of_an_older_worker_without_newer_counters_is_exported(
+        tmp_path: pathlib.Path) -> None:
+    """A directory may hold a file an older version published (a deploy
+    that overlaps): the counters it lacks have no sample of that worker,
+    and the scrape and the pool's sums go on."""
+    pytest.importorskip("prometheus_client")
+    from asyncio_relaxed.metrics import _OWN, _SYSCALLS, pool_families
+
+    start = _publish.process_start(os.getpid())
+    path = _write(tmp_path, os.getpid(), process_start=start)
+    document = json.loads(path.read_text())
+    dropped = {"datagrams_received", "datagram_recv"}
+    assert dropped <= set(document["statistics"])
+    for counter in dropped:
+        del document["statistics"][counter]
+    path.write_text(json.dumps(document))
+    families = {family.name: family for family in pool_families(pool.read(str(tmp_path)))}
+    assert families["asyncio_relaxed_" + _OWN["datagrams_received"]].samples == []
+    calls = {labels["call"] for labels, _ in families["asyncio_relaxed_syscalls"].samples}
+    assert _SYSCALLS["datagram_recv"] not in calls and "recv" in calls
+    assert families["asyncio_relaxed_pool_syscalls"].samples
