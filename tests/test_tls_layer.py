@@ -1,0 +1,386 @@
+"""The TLS layer's states and flow control (asyncio_relaxed/_tls.py), each
+held to stock's SSLProtocol where both observe the same thing.
+
+Every scenario runs on ``Loop(tls="own")`` and on stock's SelectorEventLoop
+(test_tls.outcome: a fresh loop, no descriptor or task left behind, the
+exception handler's messages), and the two outcomes must be equal.  What
+is observed is counts and orders (the protocol's pause_writing and
+resume_writing, whether the byte stream below reads, the protocol's calls,
+what asyncio's logger says), never timings.  Each test pins lines a
+line-deletion mutation run over the layer found no test for (issue 30,
+item 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import socket
+import weakref
+from typing import Any
+
+import pytest
+from test_tls import Recording, Scenario, _bio_peer, _connect, _listener, address, outcome, serve
+
+import asyncio_relaxed
+from conftest import TlsFiles
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def own() -> asyncio.AbstractEventLoop:
+    return asyncio_relaxed.Loop(tls="own")
+
+
+def same_as_stock(scenario: Scenario, files: TlsFiles) -> Any:
+    """The scenario's outcome on our own TLS layer, which must be stock's."""
+    ours = outcome(own, scenario, files)
+    assert ours == outcome(asyncio.SelectorEventLoop, scenario, files)
+    return ours
+
+
+async def until(predicate: Any, what: str) -> None:
+    """Poll *predicate* once per iteration (the layer's state offers no event)."""
+    for _ in range(20000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never: {what}")
+
+
+async def pair(loop: asyncio.AbstractEventLoop, files: TlsFiles,
+               protocol: Any = None) -> tuple[Any, Any, Recording, Recording]:
+    """A TLS server and a client connected to it on *loop*: (server,
+    client transport, client's Recording, server side's Recording)."""
+    server, made = await serve(loop, files.server_context())
+    transport, client = await loop.create_connection(
+        protocol or (lambda: Recording(loop)), *address(server), ssl=files.client_context(),
+        server_hostname="localhost")
+    await made[0].made
+    return server, transport, client, made[0]
+
+
+async def close_pair(server: Any, transport: Any, peer: Recording) -> None:
+    transport.close()
+    await peer.lost
+    server.close()
+    await server.wait_closed()
+
+
+# -- flow control -----------------------------------------------------------------
+
+
+class FailingFlow(Recording):
+    """pause_writing and resume_writing raise (after counting)."""
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        raise RuntimeError("pause failed")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        raise RuntimeError("resume failed")
+
+
+async def write_limits_now(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """set_write_buffer_limits() looks at the buffer at once: a high mark
+    under what waits pauses the writer, a low mark at it resumes it, both
+    when the protocol's pause_writing/resume_writing raise (the exception
+    handler hears it).  What waits is put in the backlog by stock's test
+    hook, which looks at no mark."""
+    seen = []
+    for factory in (Recording, FailingFlow):
+        server, transport, client, peer = await pair(loop, files, lambda f=factory: f(loop))
+        transport._test__append_write_backlog(b"z" * 100)
+        seen.append((client.paused, client.resumed, transport.get_write_buffer_size()))
+        transport.set_write_buffer_limits(high=50)
+        seen.append((client.paused, client.resumed, transport.get_write_buffer_limits()))
+        transport.set_write_buffer_limits(high=200)  # over the low mark: still paused
+        seen.append((client.paused, client.resumed, transport.get_write_buffer_limits()))
+        transport.set_write_buffer_limits(high=400, low=100)
+        seen.append((client.paused, client.resumed, transport.get_write_buffer_limits()))
+        transport.write(b"after")
+        await peer.until(105)
+        seen.append((client.paused, client.resumed, bytes(peer.data)))
+        await close_pair(server, transport, peer)
+    return seen
+
+
+def test_write_buffer_limits_pause_and_resume_at_once(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(write_limits_now, tls_files)
+    assert seen[:5] == [(0, 0, 100), (1, 0, (12, 50)), (1, 0, (50, 200)), (1, 1, (100, 400)),
+                        (1, 1, b"z" * 100 + b"after")]
+    assert seen[5:] == seen[:5]
+    assert handled == ["protocol.pause_writing() failed", "protocol.resume_writing() failed"]
+
+
+def lower(transport: Any) -> Any:
+    """The byte stream under a TLS transport (stock's and ours)."""
+    return transport._ssl_protocol._transport
+
+
+async def read_limits(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """A paused reader: ciphertext waits in the incoming BIO until its high
+    mark pauses the socket's reading; set_read_buffer_limits() looks at once;
+    resume_reading() drains the BIO and resumes the socket."""
+    server, transport, client, peer = await pair(loop, files)
+    seen = [transport.is_reading()]
+    transport.pause_reading()
+    seen.append((transport.is_reading(), transport.get_read_buffer_limits()))
+    peer.transport.write(b"x" * (48 << 10))
+    await until(lambda: transport.get_read_buffer_size() >= 48 << 10, "48 KiB in the BIO")
+    seen.append(("under the default mark", lower(transport).is_reading()))
+    transport.set_read_buffer_limits(high=16 << 10)
+    seen.append(("over a new mark", lower(transport).is_reading(),
+                 transport.get_read_buffer_limits()))
+    transport.set_read_buffer_limits(high=128 << 10)  # not under the low mark (32 KiB)
+    seen.append(("over the low mark", lower(transport).is_reading()))
+    transport.set_read_buffer_limits(high=256 << 10)
+    seen.append(("under it again", lower(transport).is_reading()))
+    transport.set_read_buffer_limits(high=16 << 10)
+    seen.append(("over", lower(transport).is_reading(), bytes(client.data)))
+    transport.resume_reading()
+    await client.until(48 << 10)
+    seen.append(("drained", lower(transport).is_reading(), transport.get_read_buffer_size(),
+                 len(client.data)))
+    await close_pair(server, transport, peer)
+    return seen
+
+
+def test_read_buffer_limits_pause_the_socket_below(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(read_limits, tls_files)
+    assert seen[0] is True and seen[1][0] is False
+    assert seen[2:] == [("under the default mark", True),
+                        ("over a new mark", False, (4096, 16384)),
+                        ("over the low mark", False),
+                        ("under it again", True),
+                        ("over", False, b""),
+                        ("drained", True, 0, 48 << 10)]
+    assert handled == []
+
+
+async def default_read_mark(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """The default high mark (256 KiB of ciphertext) pauses the socket's
+    reading under a paused reader, whose resume_reading() resumes it."""
+    server, transport, client, peer = await pair(loop, files)
+    transport.pause_reading()
+    peer.transport.write(b"y" * (1 << 20))
+    await until(lambda: not lower(transport).is_reading(), "the socket paused")
+    seen = [("paused", transport.get_read_buffer_size() >= 256 << 10, bytes(client.data))]
+    transport.resume_reading()
+    await client.until(1 << 20)
+    seen.append(("drained", lower(transport).is_reading(), len(client.data)))
+    await close_pair(server, transport, peer)
+    return seen
+
+
+def test_the_default_read_mark_pauses_the_socket(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(default_read_mark, tls_files)
+    assert seen == [("paused", True, b""), ("drained", True, 1 << 20)]
+    assert handled == []
+
+
+# -- states -----------------------------------------------------------------------
+
+
+async def eof_while_paused(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """The peer sends data and half-closes TCP without close_notify while
+    the reader is paused: the connection stays open (FLUSHING) until
+    resume_reading(), which delivers the data, EOF, then the loss; a close()
+    in between closes the transport at once."""
+    seen = []
+    for close_first in (False, True):
+        listener = _listener()
+
+        def after(conn: Any, obj: Any, outgoing: Any) -> str:
+            obj.write(b"last data")
+            conn.sendall(outgoing.read())
+            conn.shutdown(socket.SHUT_WR)
+            conn.recv(65536)  # until the client closes
+            conn.close()
+            return "sent"
+
+        thread, result = _bio_peer(files, listener, after)
+        transport, client = await _connect(loop, listener, files)
+        transport.pause_reading()
+        layer = transport._ssl_protocol
+        await until(lambda layer=layer: layer._state.name == "FLUSHING", "the peer's EOF")
+        seen.append((transport.is_closing(), bytes(client.data), list(client.calls)))
+        if close_first:
+            transport.close()
+            seen.append(("closed", transport.is_closing()))
+        transport.resume_reading()
+        exc = await client.lost
+        await loop.run_in_executor(None, thread.join)
+        listener.close()
+        seen.append((bytes(client.data), client.calls, type(exc).__name__ if exc else None,
+                     result))
+    return seen
+
+
+def test_eof_while_paused_waits_for_resume_reading(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(eof_while_paused, tls_files)
+    assert seen[0] == (False, b"", ["made"])
+    assert seen[1] == (b"last data", ["made", "eof", "lost"], None, ["sent"])
+    assert seen[3] == ("closed", True)
+    assert handled == []
+
+
+class KeepOpen(Recording):
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return True
+
+
+async def logged(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """What asyncio's logger says of a protocol whose eof_received() returns
+    true at the peer's close_notify, and of writes after close() (past the
+    threshold: one warning per write)."""
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("asyncio")
+    log.addHandler(handler)
+    try:
+        server, _, client, peer = await pair(loop, files, lambda: KeepOpen(loop))
+        peer.transport.close()
+        await client.lost
+        seen = [(client.calls, list(records))]
+        records.clear()
+        server2, transport2, _, peer2 = await pair(loop, files)
+        transport2.close()
+        for _ in range(8):
+            transport2.write(b"after close")
+        await peer2.lost
+        seen.append((transport2.get_write_buffer_size(), list(records)))
+        for srv in (server, server2):
+            srv.close()
+            await srv.wait_closed()
+    finally:
+        log.removeHandler(handler)
+    return seen
+
+
+def test_what_the_logger_says(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(logged, tls_files)
+    assert seen[0] == (["made", "eof", "lost"],
+                       ["returning true from eof_received() has no effect when using ssl"])
+    assert seen[1] == (0, ["SSL connection is closed"] * 3)
+    assert handled == []
+
+
+#: What sslproto logs in debug mode, as format strings (the %r is each side's own).
+DEBUG_FORMATS = {"%r starts SSL handshake", "%r: SSL handshake took %.1f ms",
+                 "%r received EOF", "%r: %s"}
+
+
+async def debug_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """In debug mode each side logs its handshake's start and its length,
+    and the byte stream's EOF."""
+    formats: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: formats.append(str(record.msg))  # type: ignore[method-assign]
+    log = logging.getLogger("asyncio")
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    log.addHandler(handler)
+    loop.set_debug(True)
+    try:
+        listener = _listener()
+
+        def after(conn: Any, obj: Any, outgoing: Any) -> str:
+            conn.shutdown(socket.SHUT_WR)  # EOF without close_notify
+            conn.recv(65536)
+            conn.close()
+            return "eof"
+
+        thread, result = _bio_peer(files, listener, after)
+        _, client = await _connect(loop, listener, files)
+        exc = await client.lost
+        await loop.run_in_executor(None, thread.join)
+        listener.close()
+    finally:
+        loop.set_debug(False)
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return (sorted(f for f in formats if f in DEBUG_FORMATS), client.calls,
+            type(exc).__name__ if exc else None, result)
+
+
+def test_the_debug_log(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(debug_log, tls_files)
+    # One EOF from the socket's transport, one from the TLS layer.
+    assert seen == (["%r received EOF", "%r received EOF", "%r starts SSL handshake",
+                     "%r: SSL handshake took %.1f ms"], ["made", "eof", "lost"], None, ["eof"])
+    assert handled == []
+
+
+async def closed_twice(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """close() twice lets the SSL object go with the connection (stock's app
+    transport drops its SSLProtocol), before the loss or after it, while
+    the application keeps its transport."""
+    seen = []
+    for second_close_after_loss in (False, True):
+        server, transport, client, peer = await pair(loop, files)
+        ref = weakref.ref(transport.get_extra_info("ssl_object"))
+        transport.close()
+        if not second_close_after_loss:
+            transport.close()
+        await client.lost
+        await peer.lost
+        await asyncio.sleep(0)
+        if second_close_after_loss:
+            gc.collect()
+            seen.append(("after the loss, closed once", ref() is None))
+            transport.close()
+        gc.collect()
+        seen.append((second_close_after_loss, ref() is None, client.calls))
+        server.close()
+        await server.wait_closed()
+    return seen
+
+
+def test_closed_twice_lets_the_ssl_object_go(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(closed_twice, tls_files)
+    assert seen == [(False, True, ["made", "eof", "lost"]),
+                    ("after the loss, closed once", False),
+                    (True, True, ["made", "eof", "lost"])]
+    assert handled == []
+
+
+async def backlog(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """Data in the write backlog (stock's test hook puts it there) goes
+    before a later write's and counts in the buffer size; what waits there
+    when the connection is lost goes with it.  abort() closes at once."""
+    server, transport, client, peer = await pair(loop, files)
+    transport._test__append_write_backlog(b"first ")
+    seen: list[Any] = [transport.get_write_buffer_size()]
+    transport.write(b"second")
+    await peer.until(12)
+    seen.append((bytes(peer.data), transport.get_write_buffer_size()))
+    transport._test__append_write_backlog(b"never sent")
+    seen.append(transport.get_write_buffer_size())
+    transport.pause_reading()
+    transport.abort()
+    seen.append(transport.is_closing())
+    await client.lost
+    await peer.lost
+    transport.resume_reading()  # after the loss: nothing to read or shut down
+    await asyncio.sleep(0)
+    seen.append(bytes(peer.data))
+    server.close()
+    await server.wait_closed()
+    return seen, transport.get_write_buffer_size()
+
+
+def test_the_write_backlog(tls_files: TlsFiles) -> None:
+    (seen, _), handled = outcome(asyncio.SelectorEventLoop, backlog, tls_files)
+    (ours, size_after), ours_handled = outcome(own, backlog, tls_files)
+    assert ours == seen == [6, (b"first second", 0), 10, True, b"first second"]
+    assert ours_handled == handled == []
+    # Stock (3.11-3.14) clears its backlog at the loss but not its size,
+    # which get_write_buffer_size() then still counts; ours counts nothing.
+    assert size_after == 0
+
+
