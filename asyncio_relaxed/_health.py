@@ -143,7 +143,11 @@ class Health:
             self.lag.record(now - last)
             self.last = None
 
-    def snapshot(self, iterations: int) -> HealthSnapshot:
+    def snapshot(self, iterations: int, waiting: bool = False) -> HealthSnapshot:
+        """The accounts now.  The stretch under way counts as busy up to now,
+        unless the loop is *waiting*: between :meth:`stretch_end` and
+        :meth:`waited` (a publish from the wait), whose time :meth:`waited`
+        counts as idle."""
         lag = self.lag
         now = time.monotonic()
         last = self.last  # read once: the loop's thread may move it meanwhile
@@ -151,7 +155,7 @@ class Health:
             time=now,
             time_metrics=self.timed,
             iterations=iterations,
-            busy_time=self.busy + (now - last if last is not None else 0.0),
+            busy_time=self.busy + (now - last if last is not None and not waiting else 0.0),
             idle_time=self.idle,
             lag_buckets=tuple(lag.counts),
             lag_count=sum(lag.counts),

@@ -195,7 +195,7 @@ class Publisher:
 
     __slots__ = ("accepted", "active", "directory", "facts", "failed", "history_accepts",
                  "history_utilisation", "loop", "next_at", "pid", "previous", "started",
-                 "timed", "timer", "wall_started")
+                 "timed", "timer", "waiting", "wall_started")
 
     def __init__(self, loop: Any, directory: str) -> None:
         global _owner
@@ -210,6 +210,7 @@ class Publisher:
         self.timed = loop.config.time_metrics
         self.next_at = 0.0  # the loop's monotonic time of the next publish
         self.timer: Any = None
+        self.waiting = False  # due() is publishing from the loop's wait
         self.failed = False  # the last write failed (logged once until one succeeds)
         self.previous: Any = None  # (health snapshot, recv count) at the last publish
         self.accepted = 0  # the listeners' accepts at the last publish
@@ -231,7 +232,11 @@ class Publisher:
         event) at monotonic time *now*: publish if the interval is over;
         the wait, shortened to end at the next publish."""
         if now >= self.next_at:
-            self.tick()
+            self.waiting = True
+            try:
+                self.tick()
+            finally:
+                self.waiting = False
         remaining = self.next_at - now
         return remaining if timeout is None or timeout > remaining else timeout
 
@@ -255,7 +260,11 @@ class Publisher:
         """The document a publish writes (and the window it closes)."""
         loop = self.loop
         stats = loop.statistics()
-        health = loop.health()
+        # From due() the loop is in its wait, whose time is idle: the stretch
+        # that ended there is not busy up to now (a busy span counted here
+        # and then as idle made an idle interval's utilisation negative).
+        health = loop._health.snapshot(stats.iterations, waiting=True) if self.waiting \
+            else loop.health()
         document_now = document(loop, self.facts, stats, health)
         accepted = sum(listener["accepted"] for listener in document_now["listeners"])
         previous = self.previous

@@ -275,3 +275,28 @@ def test_io_callbacks_are_timed_too() -> None:
         b.close()
         loop.close()
     assert len(reports) == 1 and "on_read" in reports[0].callback
+
+
+def test_a_snapshot_from_the_wait_counts_the_stretch_no_further() -> None:
+    """Between stretch_end() and waited() the loop is in its wait (a publish
+    runs there, from Publisher.due), whose time waited() counts as idle: a
+    snapshot taken there counts no busy time past the stretch's end, so a
+    later snapshot never has less busy time than it had."""
+    from asyncio_relaxed._health import Health
+
+    health = Health(timed=True)
+    health.stretch_end()
+    time.sleep(0.005)
+    start = health.stretch_end()  # a stretch ends; the wait begins
+    busy = health.busy
+    assert busy > 0
+    time.sleep(0.02)  # a slow publish in the wait
+    in_wait = health.snapshot(0, waiting=True)
+    assert in_wait.busy_time == busy
+    assert health.snapshot(0).busy_time >= busy + 0.02  # elsewhere: the stretch under way
+    health.waited(start)
+    health.stretch_end()  # the next stretch, at once
+    after = health.snapshot(0, waiting=True)
+    assert after.busy_time >= in_wait.busy_time
+    assert after.idle_time >= 0.02
+    assert 0.0 <= after.utilisation(in_wait) <= 1.0
