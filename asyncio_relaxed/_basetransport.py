@@ -96,6 +96,7 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         "_closing",
         "_conn_lost",
         "_extra_dict",
+        "_paused",
         "_peername",
         "_protocol",
         "_protocol_connected",
@@ -127,6 +128,7 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         self._server = None
         self._conn_lost = 0  # Set when the call to connection_lost is scheduled.
         self._closing = False  # Set when close() is called.
+        self._paused = False  # Set when pause_reading() is called.
         self._shared = shared
         self._extra_dict: dict[str, Any] | None = None  # see the _extra property
         if _compat.PY315:
@@ -261,6 +263,29 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
 
     def _start_reading(self) -> None:
         raise NotImplementedError
+
+    # -- reading, paused or not -----------------------------------------------
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        # Only the wanted mask changes: the poller sends the kernel the net
+        # change before it next waits, so pause+resume in one callback is free.
+        self._unwatch_read()
+        if self._loop.get_debug():
+            _compat.transport_logger().debug("%r pauses reading", self)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._start_reading()
+        if self._loop.get_debug():
+            _compat.transport_logger().debug("%r resumes reading", self)
 
     # -- identity ---------------------------------------------------------
 

@@ -80,7 +80,7 @@ def _receive_view(shared: TransportShared) -> memoryview:
 class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     """A datagram transport over a non-blocking socket (UDP or Unix)."""
 
-    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_paused", "_view")
+    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_view")
 
     # Kept for code that reads it, as on stock; reads are bounded by MAX_SIZE.
     max_size = MAX_SIZE
@@ -100,7 +100,6 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         self._address = address  # create_datagram_endpoint's remote_addr, or None
         self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._buffer_size = 0  # payloads plus header bytes (see the module docstring)
-        self._paused = False  # Set when pause_reading() is called.
         self._batch = shared.config.datagram_batch
         self._view = _receive_view(shared)
         self.set_protocol(protocol)
@@ -112,25 +111,6 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     def set_protocol(self, protocol: Any) -> None:
         self._protocol = protocol
         self._protocol_connected = True
-
-    def is_reading(self) -> bool:
-        return not self._closing and not self._paused
-
-    def pause_reading(self) -> None:
-        if self._closing or self._paused:
-            return
-        self._paused = True
-        self._unwatch_read()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r pauses reading", self)
-
-    def resume_reading(self) -> None:
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._start_reading()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r resumes reading", self)
 
     def _start_reading(self) -> None:
         if not self._closing and not self._paused:
@@ -203,29 +183,9 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
             return
         if not self._buffer:
             # Nothing buffered: sent at once, as stock does.
-            stats = self._shared.stats
-            stats.datagram_send += 1
-            try:
-                if self._peername:
-                    n = self._sock.send(data)  # type: ignore[union-attr]
-                else:
-                    n = self._sock.sendto(data, addr)  # type: ignore[union-attr]
-            except (BlockingIOError, InterruptedError):
-                stats.datagram_send_eagain += 1
-                self._watch_write()
-            except OSError as exc:
-                stats.datagram_errors += 1
-                self._protocol.error_received(exc)
+            if self._send(data, addr) is not False:
                 return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on datagram transport")
-                return
-            else:
-                stats.datagrams_sent += 1
-                stats.datagram_bytes_sent += n
-                return
+            self._watch_write()
         # A copy: the caller may reuse a bytearray once sendto() returns.
         chunk = bytes(data)
         self._buffer.append((chunk, addr))
@@ -235,32 +195,16 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     def _sendto_ready(self) -> None:
         """EPOLLOUT: the buffered datagrams, in order, until EAGAIN."""
         buffer = self._buffer
-        stats = self._shared.stats
         while buffer:
             data, addr = buffer.popleft()
             self._buffer_size -= len(data) + _HEADER_SIZE
-            stats.datagram_send += 1
-            try:
-                if self._peername:
-                    n = self._sock.send(data)  # type: ignore[union-attr]
-                else:
-                    n = self._sock.sendto(data, addr)  # type: ignore[union-attr]
-            except (BlockingIOError, InterruptedError):
-                stats.datagram_send_eagain += 1
+            sent = self._send(data, addr)
+            if sent is None:
+                return
+            if not sent:
                 buffer.appendleft((data, addr))  # Try again later.
                 self._buffer_size += len(data) + _HEADER_SIZE
                 break
-            except OSError as exc:
-                stats.datagram_errors += 1
-                self._protocol.error_received(exc)
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on datagram transport")
-                return
-            stats.datagrams_sent += 1
-            stats.datagram_bytes_sent += n
         self._maybe_resume_protocol()  # May append to the buffer.
         if not buffer:
             self._unwatch_write()
@@ -268,6 +212,31 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                 # close() waited for the buffer: the end, now.
                 self._conn_lost += 1
                 self._call_connection_lost(None)
+
+    def _send(self, data: Any, addr: Any) -> bool | None:
+        """One datagram to the socket: True once sent, False if the kernel's
+        buffer is full (EAGAIN), None if it failed (an OSError to
+        error_received, as stock's; anything else fatal)."""
+        stats = self._shared.stats
+        stats.datagram_send += 1
+        sock: Any = self._sock
+        try:
+            n = sock.send(data) if self._peername else sock.sendto(data, addr)
+        except (BlockingIOError, InterruptedError):
+            stats.datagram_send_eagain += 1
+            return False
+        except OSError as exc:
+            stats.datagram_errors += 1
+            self._protocol.error_received(exc)
+            return None
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal write error on datagram transport")
+            return None
+        stats.datagrams_sent += 1
+        stats.datagram_bytes_sent += n
+        return True
 
     # The writer TransportBase._watch_write registers.
     _write_ready = _sendto_ready

@@ -123,7 +123,6 @@ class SocketTransport(TransportBase):
         "_empty_waiter",
         "_eof",
         "_feeds",
-        "_paused",
         "_recv_size",
         "_sending",
         "_write_guard",
@@ -165,7 +164,6 @@ class SocketTransport(TransportBase):
         # when all of it went out: an idle connection has none.
         self._buffer: list[bytes | memoryview] = _NO_BUFFER
         self._buffer_size = 0
-        self._paused = False  # Set when pause_reading() is called.
         self._eof = False  # Set when write_eof() is called.
         self._empty_waiter: Any = None  # Set while loop.sendfile() waits.
         # Set when write() must check the three above (after write_eof(),
@@ -217,27 +215,6 @@ class SocketTransport(TransportBase):
         if _compat.PY314 and (self._closing or self._protocol is None):
             return None
         return self._read_method(self._protocol)
-
-    def is_reading(self) -> bool:
-        return not self._closing and not self._paused
-
-    def pause_reading(self) -> None:
-        if self._closing or self._paused:
-            return
-        self._paused = True
-        # Only the wanted mask changes: the poller sends the kernel the net
-        # change before it next waits, so pause+resume in one callback is free.
-        self._unwatch_read()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r pauses reading", self)
-
-    def resume_reading(self) -> None:
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._start_reading()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r resumes reading", self)
 
     def _start_reading(self) -> None:
         # The reader is the protocol kind's own read method, not _read_ready:
