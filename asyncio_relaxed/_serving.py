@@ -35,8 +35,8 @@ class Serving:
     """The listening sockets a loop serves, by fd, and what their
     :class:`~asyncio_relaxed._accept.Listener` objects ask of the loop."""
 
-    __slots__ = ("accept_batch", "exclusive", "listener_class", "listeners", "loop",
-                 "own_tls", "shared", "stats")
+    __slots__ = ("accept_batch", "exclusive", "handshakes", "listener_class", "listeners",
+                 "loop", "own_tls", "shared", "stats")
 
     def __init__(self, loop: Any, config: Config, stats: Counters,
                  shared: TransportShared) -> None:
@@ -48,6 +48,7 @@ class Serving:
         self.listener_class = listener_class(config.accept)
         self.listeners: dict[int, Listener] = {}
         self.own_tls = config.tls is TlsMode.OWN
+        self.handshakes: set[_Handshake] = set()  # accepted TLS connections' handshakes under way
 
     # -- the loop's hooks ----------------------------------------------------
 
@@ -89,9 +90,13 @@ class Serving:
             listener.stop()
 
     def close(self) -> None:
+        """The loop closes: no listener polls on, and no handshake of an
+        accepted connection is left under way (see _Handshake.abandon)."""
         for listener in self.listeners.values():
             listener.stop()
         self.listeners.clear()
+        for handshake in list(self.handshakes):
+            handshake.abandon()
 
     def make(self, protocol_factory: Any, sock: socket.socket, sslcontext: Any, server: Any,
              backlog: int, timeouts: tuple[Any, Any], context: Any) -> Listener:
@@ -180,11 +185,11 @@ class Serving:
         _accept_connection2 makes them; a TLS layer's handshake then reports
         to a _Handshake."""
         loop = self.loop
-        protocol = transport = None
+        protocol = transport = handshake = None
         try:
             protocol = listener.protocol_factory()
             if listener.sslcontext:
-                handshake = _Handshake(loop, protocol)
+                handshake = _Handshake(loop, protocol, self.handshakes)
                 transport = handshake.transport = loop._make_ssl_transport(
                     conn, protocol, listener.sslcontext, handshake, server_side=True,
                     extra=extra, server=listener.server, context=context,
@@ -200,6 +205,8 @@ class Serving:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
+            if handshake is not None:
+                self.handshakes.discard(handshake)
             if transport is not None:
                 transport.close()
             else:
@@ -233,21 +240,41 @@ class _Handshake:
     its waiter with an error only once its byte stream is closed (a failed
     or timed-out handshake is fatal; a lost one is lost)."""
 
-    __slots__ = ("loop", "protocol", "transport")
+    __slots__ = ("loop", "pending", "protocol", "transport")
 
-    def __init__(self, loop: Any, protocol: Any) -> None:
+    def __init__(self, loop: Any, protocol: Any, pending: set[_Handshake]) -> None:
         self.loop = loop
         self.protocol = protocol
         self.transport: Any = None
+        self.pending = pending  # the Serving's handshakes under way, this one among them
+        pending.add(self)
 
     def cancelled(self) -> bool:
         return False
 
     def set_result(self, result: None) -> None:
+        self.pending.discard(self)
         self.protocol = self.transport = None
 
     def set_exception(self, exc: BaseException) -> None:
+        self.pending.discard(self)
         self.loop.call_soon(self._failed, exc)
+
+    def abandon(self) -> None:
+        """The loop closes with this handshake under way: the connection
+        ends as stock's accept task, cancelled by asyncio.run() before the
+        loop closes, ends it (its transport closed and the socket with it),
+        here at once, since no callback runs after close: the layer and the
+        socket's transport are aborted and the socket closed."""
+        self.pending.discard(self)
+        transport = self.transport
+        self.protocol = self.transport = None
+        if transport is None:
+            return
+        lower = transport._lower
+        transport.abort()
+        if lower is not None and lower._sock is not None:
+            lower._socket_lost()  # what its scheduled connection_lost would do
 
     def _failed(self, exc: BaseException) -> None:
         transport, protocol = self.transport, self.protocol

@@ -22,6 +22,7 @@ import socket
 import ssl
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -811,6 +812,47 @@ def test_an_accepted_tls_connection_needs_no_task(tls: str, tls_files: TlsFiles,
     finally:
         loop.close()
     loop_errors.check()
+
+
+@pytest.mark.parametrize("runner", ["stock", "own", "tls-stock"])
+def test_a_handshake_under_way_ends_with_the_run(runner: str, tls_files: TlsFiles) -> None:
+    """asyncio.run() ends while a client has not finished its handshake: the
+    server's side of it is closed, as stock's cancelled accept task closes
+    it, and nothing of it is left for the collector to warn about (under
+    tls=own there is no task: the loop's close ends the handshake)."""
+    client: socket.socket | None = None
+
+    async def main() -> None:
+        nonlocal client
+        loop = asyncio.get_running_loop()
+        made: list[int] = []
+
+        def factory() -> asyncio.Protocol:
+            made.append(1)
+            return asyncio.Protocol()
+
+        server = await loop.create_server(factory, LOCAL, 0, ssl=tls_files.server_context())
+        client = socket.create_connection(address(server))
+        while not made:
+            await asyncio.sleep(0.001)
+        server.close()  # the listener, not the connection: as a server that stops
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        if runner == "stock":
+            asyncio.run(main())
+        else:
+            asyncio_relaxed.run(main(), tls="stock" if runner == "tls-stock" else "own")
+        gc.collect()
+        gc.collect()  # PyPy: an object with __del__ goes one collection later
+    assert client is not None
+    try:
+        client.settimeout(5)
+        assert client.recv(1) == b""  # the server closed its end
+    finally:
+        client.close()
+    left = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert left == []
 
 
 # -- faults at chosen calls of the TLS connection's socket ------------------------
