@@ -12,6 +12,7 @@ Behaviour is compared with stock on the same Python; counts come from
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 import re
@@ -608,3 +609,146 @@ def test_a_failing_callback_is_the_readers_error(dloop: asyncio.AbstractEventLoo
     assert isinstance(context["exception"], ZeroDivisionError)
     assert context["message"].startswith("Exception in callback ")
     assert context["message"].endswith("._read_ready()")
+
+
+# -- reuse_port and allow_broadcast ----------------------------------------------------
+
+#: Senders of the reuse_port test, each its own socket (its own source port):
+#: the kernel spreads a reuse_port group's datagrams by a hash of the source,
+#: so each endpoint gets at least one unless 64 hashes all fall on one side.
+_REUSE_SENDERS = 64
+
+
+def _can_reuse_port() -> str | None:
+    """Why SO_REUSEPORT cannot be tested here, or None."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        return "no SO_REUSEPORT on this platform"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+            for s in (a, b):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            a.bind((LOCAL, 0))
+            b.bind(a.getsockname())
+    except OSError as exc:
+        return f"two sockets cannot share a port with SO_REUSEPORT here: {exc!r}"
+    return None
+
+
+@pytest.mark.skipif(_can_reuse_port() is not None, reason=str(_can_reuse_port()))
+def test_reuse_port_two_endpoints_share_a_port(dloop: asyncio.AbstractEventLoop) -> None:
+    """create_datagram_endpoint(reuse_port=True) twice on one port: both
+    sockets have SO_REUSEPORT set, the port is the same, every datagram of
+    64 senders arrives exactly once and each endpoint gets some (stock's
+    behaviour); a third endpoint on that port without reuse_port fails with
+    stock's error (EADDRINUSE)."""
+    async def main() -> None:
+        first, fproto = await _endpoint(dloop, local_addr=(LOCAL, 0), reuse_port=True)
+        addr = first.get_extra_info("sockname")
+        second, sproto = await _endpoint(dloop, local_addr=addr, reuse_port=True)
+        assert second.get_extra_info("sockname") == addr
+        for transport in (first, second):
+            sock = transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) != 0
+        with pytest.raises(OSError) as refused:
+            await _endpoint(dloop, local_addr=addr)
+        assert refused.value.errno == errno.EADDRINUSE
+        senders = []
+        try:
+            for i in range(_REUSE_SENDERS):
+                peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                senders.append(peer)
+                peer.bind((LOCAL, 0))
+                peer.sendto(b"%d" % i, addr)
+            while len(fproto.received) + len(sproto.received) < _REUSE_SENDERS:
+                waiter = asyncio.ensure_future(fproto.count(len(fproto.received) + 1))
+                other = asyncio.ensure_future(sproto.count(len(sproto.received) + 1))
+                await asyncio.wait([waiter, other], return_when=asyncio.FIRST_COMPLETED)
+                for fut in (waiter, other):
+                    fut.cancel()
+                fproto._want = sproto._want = None
+            got = sorted(d for d, _ in fproto.received + sproto.received)
+            assert got == sorted(b"%d" % i for i in range(_REUSE_SENDERS))
+            assert fproto.received and sproto.received
+            sources = {peer.getsockname() for peer in senders}
+            assert {a for _, a in fproto.received + sproto.received} == sources
+        finally:
+            for peer in senders:
+                peer.close()
+        first.close()
+        second.close()
+        assert await fproto.lost is None
+        assert await sproto.lost is None
+
+    run(dloop, main())
+
+
+#: The loopback range's broadcast address: routed to lo only (the local
+#: table's "broadcast 127.255.255.255 dev lo"), so nothing leaves the host.
+_LOOPBACK_BROADCAST = "127.255.255.255"
+
+
+def _can_broadcast_on_loopback() -> str | None:
+    """Why a broadcast on loopback cannot be tested here, or None: a plain
+    socket with SO_BROADCAST sends to 127.255.255.255 and a socket bound
+    there receives it."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            receiver.bind((_LOOPBACK_BROADCAST, 0))
+            sender.bind((LOCAL, 0))
+            sender.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+            sender.sendto(b"probe", receiver.getsockname())
+            receiver.settimeout(5)
+            if receiver.recv(16) != b"probe":
+                return "the loopback broadcast probe got something else"
+    except OSError as exc:
+        return f"no broadcast on loopback here: {exc!r}"
+    return None
+
+
+def test_allow_broadcast_sets_so_broadcast(dloop: asyncio.AbstractEventLoop) -> None:
+    """allow_broadcast=True: the endpoint's socket has SO_BROADCAST set, as
+    stock sets it; without it the option is off."""
+    async def main() -> None:
+        on, on_proto = await _endpoint(dloop, local_addr=(LOCAL, 0), allow_broadcast=True)
+        off, off_proto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        assert on.get_extra_info("socket").getsockopt(
+            socket.SOL_SOCKET, socket.SO_BROADCAST) != 0
+        assert off.get_extra_info("socket").getsockopt(
+            socket.SOL_SOCKET, socket.SO_BROADCAST) == 0
+        on.close()
+        off.close()
+        await on_proto.lost
+        await off_proto.lost
+
+    run(dloop, main())
+
+
+@pytest.mark.skipif(_can_broadcast_on_loopback() is not None,
+                    reason=str(_can_broadcast_on_loopback()))
+def test_a_broadcast_on_loopback(dloop: asyncio.AbstractEventLoop) -> None:
+    """A send to the loopback broadcast address: from an endpoint with
+    allow_broadcast=True it reaches an endpoint bound there, with the
+    sender's address; from one without it the kernel refuses it (EACCES),
+    which comes to error_received as PermissionError and leaves the
+    transport open (stock's outcome, checked by the stock loop's run)."""
+    async def main() -> None:
+        receiver, rproto = await _endpoint(dloop, local_addr=(_LOOPBACK_BROADCAST, 0))
+        target = receiver.get_extra_info("sockname")
+        allowed, aproto = await _endpoint(dloop, local_addr=(LOCAL, 0), allow_broadcast=True)
+        plain, pproto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        plain.sendto(b"refused", target)
+        assert [type(e) for e in pproto.errors] == [PermissionError]
+        assert not plain.is_closing()
+        allowed.sendto(b"broadcast", target)
+        await rproto.count(1)
+        assert rproto.received == [(b"broadcast", allowed.get_extra_info("sockname"))]
+        assert aproto.errors == []
+        for transport in (receiver, allowed, plain):
+            transport.close()
+        for proto in (rproto, aproto, pproto):
+            assert await proto.lost is None
+        assert rproto.received == [(b"broadcast", allowed.get_extra_info("sockname"))]
+
+    run(dloop, main())
