@@ -40,12 +40,13 @@ What the comparison forgives, each with its reason:
   get_write_buffer_size() goes on counting the dropped datagrams; ours
   says 0 (found by this test: ``[("sendto", [65506, 65506, 65506, 1729,
   1]), ("abort",)]`` on a Unix socket, stock 1, ours 0);
-
-* no call of R's after its connection_lost: 3.11's and 3.12's stock
-  transport, closed by ``_sendto_ready`` once its buffer went out, leaves
-  ``_conn_lost`` at 0, so a later sendto() reaches the cleared socket
-  (AttributeError, "Fatal write error on datagram transport"), the
-  datagram twin of anyio#1250;
+* no call of R's after its connection_lost: stock's transport (3.11.7,
+  3.12.1 and 3.13.0 here), closed by ``_sendto_ready`` once its buffer went
+  out, leaves ``_conn_lost`` at 0, so a later sendto() reaches the cleared
+  socket and its ``_fatal_error`` the cleared loop: sendto() itself raises
+  AttributeError ('NoneType' object has no attribute
+  'call_exception_handler'), where ours drops the datagram as after any
+  close (the datagram twin of anyio#1250);
 * on a Python whose stock counts 8 header bytes per buffered datagram but
   takes off only the payload when it is sent (3.13.0), the write buffer
   size and the flow-control callbacks under ``datagram=own`` (ours counts
