@@ -26,6 +26,7 @@ import pytest
 
 import asyncio_relaxed
 from asyncio_relaxed import _compat
+from benchmarks.harness.loops import missing
 from conftest import (
     LOOP_FACTORIES,
     REFCOUNTED,
@@ -57,6 +58,28 @@ def dloop(request: pytest.FixtureRequest,
     if name == "relaxed-datagram-stock":
         loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(datagram="stock")
     else:
+        factory = LOOP_FACTORIES[name]
+        assert factory is not None
+        loop = factory()
+    yield from _as_fixture(loop, loop_errors)
+
+
+#: Every loop of the behaviour suite (conftest's, uvloop included) and our
+#: default preset with stock's datagram transport.
+EVERY_LOOP = [*LOOP_FACTORIES, "relaxed-datagram-stock"]
+
+
+@pytest.fixture(params=EVERY_LOOP)
+def every_loop(request: pytest.FixtureRequest,
+               loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEventLoop]:
+    """dloop's loops and uvloop (skipped with the reason where it cannot run)."""
+    name: str = request.param
+    if name == "relaxed-datagram-stock":
+        loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(datagram="stock")
+    else:
+        why = missing(name)
+        if why:
+            pytest.skip(why)
         factory = LOOP_FACTORIES[name]
         assert factory is not None
         loop = factory()
@@ -636,25 +659,30 @@ def _can_reuse_port() -> str | None:
 
 
 @pytest.mark.skipif(_can_reuse_port() is not None, reason=str(_can_reuse_port()))
-def test_reuse_port_two_endpoints_share_a_port(dloop: asyncio.AbstractEventLoop) -> None:
+def test_reuse_port_two_endpoints_share_a_port(every_loop: asyncio.AbstractEventLoop) -> None:
     """create_datagram_endpoint(reuse_port=True) twice on one port: both
     sockets have SO_REUSEPORT set, the port is the same, every datagram of
     64 senders arrives exactly once and each endpoint gets some (stock's
     behaviour); a third endpoint on that port without reuse_port fails with
-    stock's error (EADDRINUSE)."""
+    stock's EADDRINUSE (not asked of uvloop: see below)."""
+    loop = every_loop
+
     async def main() -> None:
-        first, fproto = await _endpoint(dloop, local_addr=(LOCAL, 0), reuse_port=True)
+        first, fproto = await _endpoint(loop, local_addr=(LOCAL, 0), reuse_port=True)
         addr = first.get_extra_info("sockname")
-        second, sproto = await _endpoint(dloop, local_addr=addr, reuse_port=True)
-        assert second.get_extra_info("sockname") == addr
-        for transport in (first, second):
-            sock = transport.get_extra_info("socket")
-            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) != 0
-        with pytest.raises(OSError) as refused:
-            await _endpoint(dloop, local_addr=addr)
-        assert refused.value.errno == errno.EADDRINUSE
-        senders = []
+        second, sproto = await _endpoint(loop, local_addr=addr, reuse_port=True)
+        senders: list[socket.socket] = []
         try:
+            assert second.get_extra_info("sockname") == addr
+            for transport in (first, second):
+                sock = transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) != 0
+            if not type(loop).__module__.startswith("uvloop"):
+                # (uvloop 0.23 leaves the transport of its failed bind unclosed:
+                # ResourceWarning "unclosed resource <UDPTransport closed=False>")
+                with pytest.raises(OSError) as refused:
+                    await _endpoint(loop, local_addr=addr)
+                assert refused.value.errno == errno.EADDRINUSE
             for i in range(_REUSE_SENDERS):
                 peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 senders.append(peer)
@@ -675,12 +703,12 @@ def test_reuse_port_two_endpoints_share_a_port(dloop: asyncio.AbstractEventLoop)
         finally:
             for peer in senders:
                 peer.close()
-        first.close()
-        second.close()
+            first.close()
+            second.close()
         assert await fproto.lost is None
         assert await sproto.lost is None
 
-    run(dloop, main())
+    run(loop, main())
 
 
 #: The loopback range's broadcast address: routed to lo only (the local
@@ -707,12 +735,12 @@ def _can_broadcast_on_loopback() -> str | None:
     return None
 
 
-def test_allow_broadcast_sets_so_broadcast(dloop: asyncio.AbstractEventLoop) -> None:
+def test_allow_broadcast_sets_so_broadcast(every_loop: asyncio.AbstractEventLoop) -> None:
     """allow_broadcast=True: the endpoint's socket has SO_BROADCAST set, as
     stock sets it; without it the option is off."""
     async def main() -> None:
-        on, on_proto = await _endpoint(dloop, local_addr=(LOCAL, 0), allow_broadcast=True)
-        off, off_proto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        on, on_proto = await _endpoint(every_loop, local_addr=(LOCAL, 0), allow_broadcast=True)
+        off, off_proto = await _endpoint(every_loop, local_addr=(LOCAL, 0))
         assert on.get_extra_info("socket").getsockopt(
             socket.SOL_SOCKET, socket.SO_BROADCAST) != 0
         assert off.get_extra_info("socket").getsockopt(
@@ -722,22 +750,22 @@ def test_allow_broadcast_sets_so_broadcast(dloop: asyncio.AbstractEventLoop) -> 
         await on_proto.lost
         await off_proto.lost
 
-    run(dloop, main())
+    run(every_loop, main())
 
 
 @pytest.mark.skipif(_can_broadcast_on_loopback() is not None,
                     reason=str(_can_broadcast_on_loopback()))
-def test_a_broadcast_on_loopback(dloop: asyncio.AbstractEventLoop) -> None:
+def test_a_broadcast_on_loopback(every_loop: asyncio.AbstractEventLoop) -> None:
     """A send to the loopback broadcast address: from an endpoint with
     allow_broadcast=True it reaches an endpoint bound there, with the
     sender's address; from one without it the kernel refuses it (EACCES),
     which comes to error_received as PermissionError and leaves the
     transport open (stock's outcome, checked by the stock loop's run)."""
     async def main() -> None:
-        receiver, rproto = await _endpoint(dloop, local_addr=(_LOOPBACK_BROADCAST, 0))
+        receiver, rproto = await _endpoint(every_loop, local_addr=(_LOOPBACK_BROADCAST, 0))
         target = receiver.get_extra_info("sockname")
-        allowed, aproto = await _endpoint(dloop, local_addr=(LOCAL, 0), allow_broadcast=True)
-        plain, pproto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        allowed, aproto = await _endpoint(every_loop, local_addr=(LOCAL, 0), allow_broadcast=True)
+        plain, pproto = await _endpoint(every_loop, local_addr=(LOCAL, 0))
         plain.sendto(b"refused", target)
         assert [type(e) for e in pproto.errors] == [PermissionError]
         assert not plain.is_closing()
@@ -751,4 +779,4 @@ def test_a_broadcast_on_loopback(dloop: asyncio.AbstractEventLoop) -> None:
             assert await proto.lost is None
         assert rproto.received == [(b"broadcast", allowed.get_extra_info("sockname"))]
 
-    run(dloop, main())
+    run(every_loop, main())
