@@ -161,6 +161,13 @@ def sequences(draw: st.DrawFn) -> tuple[str, list[tuple[Any, ...]]]:
     closing or closed endpoint does)."""
     kind = draw(st.sampled_from(["udp", "unix"] if HAS_UNIX else ["udp"]))
     ops = draw(st.lists(step(kind), min_size=1, max_size=8))
+    if kind == "unix" and draw(st.booleans()):
+        # An episode of flow control, which random steps rarely make: sends that
+        # fill the peer's queue (10 datagrams; fewer large ones fill R's send
+        # buffer), then, somewhere later, the peer reading.
+        at = draw(st.integers(0, len(ops)))
+        ops.insert(at, ("sendto", draw(st.lists(SIZE, min_size=10, max_size=14))))
+        ops.insert(draw(st.integers(at + 1, len(ops))), ("peer_read", draw(st.integers(1, 12))))
     end = draw(st.sampled_from([None, "close", "abort"]))
     if end is not None:
         ops.append((end,))
