@@ -29,9 +29,10 @@ from typing import Any
 
 from . import _compat, _slow, _startup
 from ._accept import ListenerStatistics, accept_queue_length
-from ._config import Config, DatagramMode, TlsMode, resolve
+from ._config import Config, DatagramMode, PipeMode, TlsMode, resolve
 from ._datagram import DatagramTransport
 from ._health import Health, HealthSnapshot
+from ._pipes import ReadPipeTransport, WritePipeTransport
 from ._poller import MISSING, DeferredSelector, default_backend
 from ._publish import Publisher
 from ._serving import Serving
@@ -377,6 +378,18 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             self._ensure_fd_no_transport(sock)
         return DatagramTransport(self, sock, protocol, address, waiter, extra,
                                  shared=self._shared)
+
+    def _make_read_pipe_transport(self, pipe: Any, protocol: Any, waiter: Any = None,
+                                  extra: dict[str, Any] | None = None) -> Any:
+        if self._shared.config.pipe is not PipeMode.OWN:
+            return super()._make_read_pipe_transport(pipe, protocol, waiter, extra)
+        return ReadPipeTransport(self, pipe, protocol, waiter, extra, shared=self._shared)
+
+    def _make_write_pipe_transport(self, pipe: Any, protocol: Any, waiter: Any = None,
+                                   extra: dict[str, Any] | None = None) -> Any:
+        if self._shared.config.pipe is not PipeMode.OWN:
+            return super()._make_write_pipe_transport(pipe, protocol, waiter, extra)
+        return WritePipeTransport(self, pipe, protocol, waiter, extra, shared=self._shared)
 
     async def start_tls(
         self,

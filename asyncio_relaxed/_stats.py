@@ -52,6 +52,12 @@ COUNTERS: dict[str, str] = {
         "datagram reads and sends that failed with an OSError (ICMP errors such as "
         "ConnectionRefusedError, a refused send): each went to error_received"
     ),
+    "pipe_read": "readv calls on pipes (pipe=own: subprocesses, connect_read_pipe)",
+    "pipe_read_eagain": "pipe reads that found nothing to read",
+    "pipe_bytes_read": "bytes read from pipes",
+    "pipe_write": "write calls on pipes (pipe=own: subprocesses, connect_write_pipe)",
+    "pipe_write_eagain": "pipe writes that found the pipe full",
+    "pipe_bytes_written": "bytes the pipes took",
 }
 
 
@@ -98,6 +104,12 @@ class Counters:
     datagrams_sent: int
     datagram_bytes_sent: int
     datagram_errors: int
+    pipe_read: int
+    pipe_read_eagain: int
+    pipe_bytes_read: int
+    pipe_write: int
+    pipe_write_eagain: int
+    pipe_bytes_written: int
     sent_at_once: int
     queued_at_once: int
 
@@ -156,6 +168,12 @@ class LoopStatistics:
     datagrams_sent: int = 0
     datagram_bytes_sent: int = 0
     datagram_errors: int = 0
+    pipe_read: int = 0
+    pipe_read_eagain: int = 0
+    pipe_bytes_read: int = 0
+    pipe_write: int = 0
+    pipe_write_eagain: int = 0
+    pipe_bytes_written: int = 0
 
     @property
     def epoll_ctl(self) -> int:
@@ -164,8 +182,8 @@ class LoopStatistics:
 
     @property
     def syscalls(self) -> int:
-        """Poller, socket I/O (stream and datagram) and accept system calls
-        counted by the loop."""
+        """Poller, socket I/O (stream and datagram), pipe I/O and accept
+        system calls counted by the loop."""
         return (
             self.poll_waits
             + self.epoll_ctl
@@ -175,6 +193,8 @@ class LoopStatistics:
             + self.accept
             + self.datagram_recv
             + self.datagram_send
+            + self.pipe_read
+            + self.pipe_write
         )
 
     def as_dict(self) -> dict[str, int | str]:

@@ -24,7 +24,7 @@ def _distinct(counters: Counters) -> dict[str, int]:
 
 def test_counter_table_has_descriptions() -> None:
     """Every counter has a non-empty description and the key ones exist."""
-    assert len(NAMES) == len(set(NAMES)) == 30
+    assert len(NAMES) == len(set(NAMES)) == 36
     for required in (
         "events",
         "poll_waits",
@@ -159,7 +159,7 @@ def test_epoll_ctl_sums_add_mod_del() -> None:
 
 def test_syscalls_sums_exactly_the_documented_counters() -> None:
     """syscalls = poll_waits + epoll_ctl + recv + send + sendmsg + accept
-    + datagram_recv + datagram_send, nothing else."""
+    + datagram_recv + datagram_send + pipe_read + pipe_write, nothing else."""
     counters = Counters()
     values = _distinct(counters)
     included = (
@@ -173,6 +173,8 @@ def test_syscalls_sums_exactly_the_documented_counters() -> None:
         "accept",
         "datagram_recv",
         "datagram_send",
+        "pipe_read",
+        "pipe_write",
     )
     # Distinct powers of two: the sum identifies exactly which counters are in it.
     assert counters.snapshot("epoll").syscalls == sum(values[name] for name in included)
