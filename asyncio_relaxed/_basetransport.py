@@ -28,12 +28,12 @@ import socket
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat
 from ._shared import TransportShared
 
-__all__ = ["SHARED_MAX", "TransportBase"]
+__all__ = ["SHARED_MAX", "Reading", "TransportBase"]
 
 _copy_context = contextvars.copy_context
 
@@ -81,7 +81,50 @@ def _peername(sock: socket.socket) -> Any:
         return None
 
 
-class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[misc]
+class Reading:
+    """Reading paused or not: stock's is_reading, pause_reading and
+    resume_reading, over a transport's _unwatch_read and _start_reading
+    (which starts only while is_reading())."""
+
+    if not TYPE_CHECKING:  # (mypy would hold the subclasses' slots to this)
+        __slots__ = ()
+
+    _closing: bool
+    _paused: bool
+    _loop: Any
+    #: asyncio's logger as the stock module of the transport kind sees it.
+    _logger = staticmethod(_compat.transport_logger)
+
+    def _unwatch_read(self) -> None:
+        raise NotImplementedError
+
+    def _start_reading(self) -> None:
+        raise NotImplementedError
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        # Only the wanted mask changes: the poller sends the kernel the net
+        # change before it next waits, so pause+resume in one callback is free
+        # (for an fd the poller owns; any other's removal goes out at once).
+        self._unwatch_read()
+        if self._loop.get_debug():
+            self._logger().debug("%r pauses reading", self)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._start_reading()
+        if self._loop.get_debug():
+            self._logger().debug("%r resumes reading", self)
+
+
+class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: ignore[misc]
     """A stream transport's identity: socket, addresses, protocol, server.
 
     Slots for its state, plus a ``__dict__`` as stock's transport has: tests
@@ -263,29 +306,6 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
 
     def _start_reading(self) -> None:
         raise NotImplementedError
-
-    # -- reading, paused or not -----------------------------------------------
-
-    def is_reading(self) -> bool:
-        return not self._closing and not self._paused
-
-    def pause_reading(self) -> None:
-        if self._closing or self._paused:
-            return
-        self._paused = True
-        # Only the wanted mask changes: the poller sends the kernel the net
-        # change before it next waits, so pause+resume in one callback is free.
-        self._unwatch_read()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r pauses reading", self)
-
-    def resume_reading(self) -> None:
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._start_reading()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r resumes reading", self)
 
     # -- identity ---------------------------------------------------------
 

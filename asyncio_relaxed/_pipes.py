@@ -48,6 +48,7 @@ import warnings
 from typing import Any
 
 from . import _compat
+from ._basetransport import Reading
 from ._shared import TransportShared
 from ._writes import IDLE
 
@@ -138,6 +139,29 @@ class _PipeBase:
             _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
             self._pipe.close()
 
+    def _fatal_error(self, exc: BaseException,
+                     message: str = "Fatal error on pipe transport") -> None:
+        """Stock's: an OSError of the kind this end expects (_quiet) in the
+        debug log only, anything else to the exception handler; then the
+        close.  Called from an exception handler only."""
+        if isinstance(exc, OSError) and self._quiet(exc):
+            if self._loop.get_debug():
+                _compat.pipe_logger().debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._loop.call_exception_handler(
+                {"message": message, "exception": exc, "transport": self,
+                 "protocol": self._protocol}
+            )
+        self._close(exc)
+
+    @staticmethod
+    def _quiet(exc: OSError) -> bool:
+        """Whether *exc* ends the pipe without a report (a write end: any OSError)."""
+        return True
+
+    def _close(self, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
     def _call_connection_lost(self, exc: BaseException | None) -> None:
         try:
             self._protocol.connection_lost(exc)
@@ -148,7 +172,7 @@ class _PipeBase:
             self._loop = None
 
 
-class ReadPipeTransport(_PipeBase, asyncio.ReadTransport):
+class ReadPipeTransport(_PipeBase, Reading, asyncio.ReadTransport):
     """The read end of a pipe (or a socket, or a character device)."""
 
     # Stock's attribute (its read size); reads here are bounded by the
@@ -165,13 +189,18 @@ class ReadPipeTransport(_PipeBase, asyncio.ReadTransport):
         loop.call_soon(self._add_reader, self._fileno, self._read_ready)
         self._started(waiter)
 
+    _logger = staticmethod(_compat.pipe_logger)
+
     def _add_reader(self, fd: int, callback: Any) -> None:
         if not self.is_reading():
             return
         self._loop._add_reader(fd, callback)
 
-    def is_reading(self) -> bool:
-        return not self._paused and not self._closing
+    def _start_reading(self) -> None:
+        self._loop._add_reader(self._fileno, self._read_ready)
+
+    def _unwatch_read(self) -> None:
+        self._loop._remove_reader(self._fileno)
 
     def __repr__(self) -> str:
         return "<{}>".format(" ".join(self._describe(1)))
@@ -198,38 +227,14 @@ class ReadPipeTransport(_PipeBase, asyncio.ReadTransport):
                 self._loop.call_soon(self._protocol.eof_received)
                 self._loop.call_soon(self._call_connection_lost, None)
 
-    def pause_reading(self) -> None:
-        if not self.is_reading():
-            return
-        self._paused = True
-        self._loop._remove_reader(self._fileno)
-        if self._loop.get_debug():
-            _compat.pipe_logger().debug("%r pauses reading", self)
-
-    def resume_reading(self) -> None:
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._loop._add_reader(self._fileno, self._read_ready)
-        if self._loop.get_debug():
-            _compat.pipe_logger().debug("%r resumes reading", self)
-
     def close(self) -> None:
         if not self._closing:
             self._close(None)
 
-    def _fatal_error(self, exc: BaseException,
-                     message: str = "Fatal error on pipe transport") -> None:
-        # Called from an exception handler only.  EIO: a pty whose other end closed.
-        if isinstance(exc, OSError) and exc.errno == errno.EIO:
-            if self._loop.get_debug():
-                _compat.pipe_logger().debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self,
-                 "protocol": self._protocol}
-            )
-        self._close(exc)
+    @staticmethod
+    def _quiet(exc: OSError) -> bool:
+        """EIO: a pty whose other end closed."""
+        return exc.errno == errno.EIO
 
     def _close(self, exc: BaseException | None) -> None:
         self._closing = True
@@ -303,21 +308,8 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
                 self._buffer += data
                 shared.queue(self)
                 return
-            stats = shared.stats
-            stats.pipe_write += 1
-            try:
-                n = _write(self._fileno, data)
-            except (BlockingIOError, InterruptedError):
-                stats.pipe_write_eagain += 1
-                n = 0
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._conn_lost += 1
-                self._fatal_error(exc, "Fatal write error on pipe transport")
-                return
-            stats.pipe_bytes_written += n
-            if n == len(data):
+            n = self._send(data)
+            if n < 0 or n == len(data):
                 return
             self._keep(data, n)
             shared.short(self)
@@ -350,6 +342,28 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
         """EPOLLOUT: the pipe can take more."""
         self._write_now()
 
+    def _send(self, data: Any) -> int:
+        """The one send: ``os.write`` of *data*, counted.  What the pipe took
+        (0 when it is full), or -1 after a failure, which is fatal: the
+        buffer is dropped and the transport closes."""
+        stats = self._shared.stats
+        stats.pipe_write += 1
+        try:
+            n = _write(self._fileno, data)
+        except (BlockingIOError, InterruptedError):
+            stats.pipe_write_eagain += 1
+            return 0
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._buffer.clear()
+            self._conn_lost += 1
+            self._shared.emptied(self)  # IDLE, EPOLLOUT off
+            self._fatal_error(exc, "Fatal write error on pipe transport")
+            return -1
+        stats.pipe_bytes_written += n
+        return n
+
     def _write_now(self) -> None:
         """The send: as much of the buffer as the pipe takes, in one write,
         then what follows (called IDLE by the queue's flush or a write past
@@ -359,23 +373,10 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
         buffer = self._buffer
         if not buffer:  # (a failed write or an abort emptied it)
             return
-        shared = self._shared
-        stats = shared.stats
-        stats.pipe_write += 1
-        try:
-            n = _write(self._fileno, buffer)
-        except (BlockingIOError, InterruptedError):
-            stats.pipe_write_eagain += 1
-            n = 0
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            buffer.clear()
-            self._conn_lost += 1
-            shared.emptied(self)  # EPOLLOUT off: _fatal_error's _close finds no buffer
-            self._fatal_error(exc, "Fatal write error on pipe transport")
+        n = self._send(buffer)
+        if n < 0:
             return
-        stats.pipe_bytes_written += n
+        shared = self._shared
         if n < len(buffer):
             del buffer[:n]
             shared.short(self)
@@ -409,19 +410,6 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
 
     def abort(self) -> None:
         self._close(None)
-
-    def _fatal_error(self, exc: BaseException,
-                     message: str = "Fatal error on pipe transport") -> None:
-        # Called from an exception handler only.
-        if isinstance(exc, OSError):
-            if self._loop.get_debug():
-                _compat.pipe_logger().debug("%r: %s", self, message, exc_info=True)
-        else:
-            self._loop.call_exception_handler(
-                {"message": message, "exception": exc, "transport": self,
-                 "protocol": self._protocol}
-            )
-        self._close(exc)
 
     def _close(self, exc: BaseException | None = None) -> None:
         self._closing = True

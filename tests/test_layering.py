@@ -33,7 +33,7 @@ ALLOWED = {
     "_transport": {"_basetransport", "_compat", "_shared", "_sockets", "_writes"},
     "_tls": {"_compat", "_shared", "_transport"},
     "_datagram": {"_basetransport", "_compat", "_shared"},
-    "_pipes": {"_compat", "_shared", "_writes"},
+    "_pipes": {"_basetransport", "_compat", "_shared", "_writes"},
     "_serving": {"_accept", "_compat", "_config", "_shared", "_sockets", "_stats",
                  "_transport"},
     "_health": set(),
