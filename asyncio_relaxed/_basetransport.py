@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from . import _compat
 from ._shared import TransportShared
 
-__all__ = ["SHARED_MAX", "Reading", "TransportBase"]
+__all__ = ["SHARED_MAX", "Reading", "TransportBase", "repr_head"]
 
 _copy_context = contextvars.copy_context
 
@@ -72,6 +72,18 @@ def _share_peer_host(addr: Any) -> Any:
         return addr  # a Unix socket's path, or nothing
     host = _shared(_PEER_HOSTS, addr[0])
     return addr if host is addr[0] else (host, *addr[1:])
+
+
+def repr_head(transport: Any, closed: bool, fd: Any) -> list[str]:
+    """The start of a transport's repr as stock writes it: its class, then
+    closed or closing, then its fd."""
+    info = [transport.__class__.__name__]
+    if closed:
+        info.append("closed")
+    elif transport._closing:
+        info.append("closing")
+    info.append(f"fd={fd}")
+    return info
 
 
 def _peername(sock: socket.socket) -> Any:
@@ -154,6 +166,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
     _protocol: Any  # None once connection_lost has run
+    _buffer: Any  # the subclass's write buffer (a sized container)
     # FlowControlMixin's slots, which mypy sees as Any.
     _protocol_paused: bool
     _high_water: int
@@ -310,12 +323,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
     # -- identity ---------------------------------------------------------
 
     def __repr__(self) -> str:
-        info = [self.__class__.__name__]
-        if self._sock is None:
-            info.append("closed")
-        elif self._closing:
-            info.append("closing")
-        info.append(f"fd={self._sock_fd}")
+        info = repr_head(self, self._sock is None, self._sock_fd)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -365,7 +373,41 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
             )
         self._force_close(exc)
 
+    # -- closing ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop reading now; end once nothing is buffered for writing (the
+        subclass's send that empties the buffer ends it otherwise)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._unwatch_for_good()  # never read again: the removal goes out now, not lazily
+        if not self._buffer:
+            self._conn_lost += 1
+            self._lost()
+            self._call_soon(self._call_connection_lost, None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
     def _force_close(self, exc: BaseException | None) -> None:
+        """The end without flushing: the buffer dropped, connection_lost(exc)
+        one callback later."""
+        if self._conn_lost:
+            return
+        self._drop_buffer()
+        if not self._closing:
+            self._closing = True
+            self._unwatch_for_good()
+        self._conn_lost += 1
+        self._lost()
+        self._call_soon(self._call_connection_lost, exc)
+
+    def _drop_buffer(self) -> None:
+        """Drop what is buffered for writing (and stop waiting to send it)."""
+        raise NotImplementedError
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
         raise NotImplementedError
 
     def _lost(self) -> None:

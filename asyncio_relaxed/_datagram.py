@@ -241,34 +241,19 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     # The writer TransportBase._watch_write registers.
     _write_ready = _sendto_ready
 
-    # -- closing ----------------------------------------------------------
+    # -- closing (close, abort: TransportBase's) ----------------------------
+    #
+    # With datagrams buffered, close() leaves the end to _sendto_ready, once
+    # the buffer has gone out.
 
-    def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._unwatch_for_good()  # never read again: the removal goes out now
-        if not self._buffer:
-            self._conn_lost += 1
-            self._unwatch_write()
-            self._call_soon(self._call_connection_lost, None)
-        # Otherwise _sendto_ready ends it once the buffer has gone out.
-
-    def abort(self) -> None:
-        self._force_close(None)
-
-    def _force_close(self, exc: BaseException | None) -> None:
-        if self._conn_lost:
-            return
-        if self._buffer:
-            self._buffer.clear()
-            self._unwatch_write()
+    def _drop_buffer(self) -> None:
+        self._buffer.clear()
         self._buffer_size = 0
-        if not self._closing:
-            self._closing = True
-            self._unwatch_for_good()
-        self._conn_lost += 1
-        self._call_soon(self._call_connection_lost, exc)
+
+    def _lost(self) -> None:
+        # EPOLLOUT off, as stock's close: a send that failed (error_received)
+        # may have left the writer registered over an empty buffer.
+        self._unwatch_write()
 
     def _call_connection_lost(self, exc: BaseException | None) -> None:
         try:

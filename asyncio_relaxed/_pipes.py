@@ -48,7 +48,7 @@ import warnings
 from typing import Any
 
 from . import _compat
-from ._basetransport import Reading
+from ._basetransport import Reading, repr_head
 from ._shared import TransportShared
 from ._writes import IDLE
 
@@ -111,12 +111,7 @@ class _PipeBase:
             self._loop.call_soon(_compat.set_result_unless_cancelled, waiter, None)
 
     def _describe(self, event: int) -> list[str]:
-        info = [self.__class__.__name__]
-        if self._pipe is None:
-            info.append("closed")
-        elif self._closing:
-            info.append("closing")
-        info.append(f"fd={self._fileno}")
+        info = repr_head(self, self._pipe is None, self._fileno)
         if self._pipe is not None and getattr(self._loop, "_selector", None) is not None:
             info.append("polling" if _polling(self._loop, self._fileno, event) else "idle")
         elif self._pipe is not None:

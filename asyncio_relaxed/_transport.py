@@ -600,36 +600,17 @@ class SocketTransport(TransportBase):
         self._empty_waiter = None
         self._write_guard = self._eof or bool(self._conn_lost)
 
-    # -- closing ----------------------------------------------------------
+    # -- closing (close, abort: TransportBase's) ----------------------------
+    #
+    # With data buffered, close() leaves the end to the last flush or
+    # EPOLLOUT that empties the buffer (_write_done): data written before
+    # close() is delivered.
 
-    def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._unwatch_for_good()  # never read again: the removal goes out now, not lazily
-        if not self._buffer:
-            self._conn_lost += 1
-            self._lost()
-            self._call_soon(self._call_connection_lost, None)
-        # Otherwise the last flush or EPOLLOUT that empties the buffer calls
-        # _call_connection_lost: data written before close() is delivered.
-
-    def abort(self) -> None:
-        self._force_close(None)
-
-    def _force_close(self, exc: BaseException | None) -> None:
-        if self._conn_lost:
-            return
+    def _drop_buffer(self) -> None:
         if self._buffer:
             self._buffer.clear()
             self._buffer_size = 0
         self._shared.emptied(self)
-        if not self._closing:
-            self._closing = True
-            self._unwatch_for_good()
-        self._conn_lost += 1
-        self._lost()
-        self._call_soon(self._call_connection_lost, exc)
 
     def _lost(self) -> None:
         self._write_guard = True  # write() now checks _conn_lost
