@@ -199,7 +199,14 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         else:
             peername = _peername(sock)
             extra = None
-        super().__init__(extra or _NO_EXTRA, loop)
+        # FlowControlMixin.__init__ and BaseTransport.__init__ (the same code
+        # from 3.11 to 3.15 and on PyPy; tests/test_transport.py holds this
+        # to them), without their three frames and the property setter's.
+        _RAW_EXTRA.__set__(self, extra or _NO_EXTRA)
+        self._loop = loop
+        self._protocol_paused = False
+        self._high_water = _DEFAULT_HIGH_WATER
+        self._low_water = _DEFAULT_LOW_WATER
         self._peername = _share_peer_host(peername) if server is not None else peername
         try:
             sockname = sock.getsockname()

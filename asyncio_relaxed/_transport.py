@@ -57,10 +57,12 @@ from typing import Any
 from . import _compat
 from ._basetransport import TransportBase
 from ._shared import TransportShared
-from ._sockets import HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
+from ._sockets import C_CLOSE, HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
 from ._writes import IDLE
 
 __all__ = ["SMALL_READ", "SocketTransport"]
+
+_SOCKET: Any = socket.socket
 
 # The write buffer of a transport that never had to buffer (see __init__).
 _NO_BUFFER: Any = ()
@@ -625,7 +627,14 @@ class SocketTransport(TransportBase):
     def _socket_lost(self) -> None:
         """The end: the socket closed, the transport out of its loop and server."""
         # close() or _force_close() released the fd: nothing is deferred.
-        self._sock.close()  # type: ignore[union-attr]
+        sock: Any = self._sock
+        if type(sock) is _SOCKET:
+            # socket.socket.close(), its body inline (_sockets.C_CLOSE).
+            sock._closed = True
+            if sock._io_refs <= 0:
+                C_CLOSE(sock)
+        else:
+            sock.close()
         self._sock = None
         self._protocol = None
         self._loop = None

@@ -27,7 +27,7 @@ ALLOWED = {
     "_writes": {"_stats"},
     "_sockets": set(),
     "_shared": {"_config", "_sockets", "_stats", "_writes"},
-    "_accept": {"_config"},
+    "_accept": {"_config", "_sockets"},
     "_compat": set(),
     "_basetransport": {"_compat", "_shared"},
     "_transport": {"_basetransport", "_compat", "_shared", "_sockets", "_writes"},
