@@ -237,19 +237,17 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
 
     # -- the loop's scheduling, in the transport's context (3.15) ----------
 
-    if _compat.PY315:
-        def _call_soon(self, callback: Any, *args: Any) -> None:
-            self._loop.call_soon(callback, *args, context=self._context)
+    # A callback is scheduled with self._loop.call_soon(..., context=self._context):
+    # None before 3.15 and for a transport made without a context, so a
+    # copy of the current context, as stock's.
 
+    if _compat.PY315:
         def _watch_read(self, callback: Any) -> None:
             self._loop._add_reader(self._sock_fd, callback, context=self._context)
 
         def _watch_write(self) -> None:
             self._loop._add_writer(self._sock_fd, self._write_ready, context=self._context)
     else:
-        def _call_soon(self, callback: Any, *args: Any) -> None:
-            self._loop.call_soon(callback, *args)
-
         def _watch_read(self, callback: Any) -> None:
             self._loop._add_reader(self._sock_fd, callback)
 
@@ -296,12 +294,13 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         a handle of its own as stock schedules them (connection_made and
         reading in one outside debug mode, which times and names each)."""
         if self._loop._debug:
-            self._call_soon(self._protocol.connection_made, self)
-            self._call_soon(self._start_reading)
+            self._loop.call_soon(self._protocol.connection_made, self, context=self._context)
+            self._loop.call_soon(self._start_reading, context=self._context)
         else:
-            self._call_soon(self._connection_made)
+            self._loop.call_soon(self._connection_made, context=self._context)
         if waiter is not None:
-            self._call_soon(_compat.set_result_unless_cancelled, waiter, None)
+            self._loop.call_soon(_compat.set_result_unless_cancelled, waiter, None,
+                                 context=self._context)
 
     def _connection_made(self) -> None:
         """connection_made(), then reading starts (only once it has run):
@@ -392,7 +391,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         if not self._buffer:
             self._conn_lost += 1
             self._lost()
-            self._call_soon(self._call_connection_lost, None)
+            self._loop.call_soon(self._call_connection_lost, None, context=self._context)
 
     def abort(self) -> None:
         self._force_close(None)
@@ -408,7 +407,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
             self._unwatch_for_good()
         self._conn_lost += 1
         self._lost()
-        self._call_soon(self._call_connection_lost, exc)
+        self._loop.call_soon(self._call_connection_lost, exc, context=self._context)
 
     def _drop_buffer(self) -> None:
         """Drop what is buffered for writing (and stop waiting to send it)."""
