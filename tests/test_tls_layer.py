@@ -384,3 +384,45 @@ def test_the_write_backlog(tls_files: TlsFiles) -> None:
     assert size_after == 0
 
 
+
+
+async def quiet_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """Outside debug mode nothing of the handshake is logged, even with
+    asyncio's logger at DEBUG."""
+    formats: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: formats.append(str(record.msg))  # type: ignore[method-assign]
+    log = logging.getLogger("asyncio")
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    log.addHandler(handler)
+    try:
+        server, transport, client, peer = await pair(loop, files)
+        await close_pair(server, transport, peer)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return sorted(f for f in formats if f in DEBUG_FORMATS), client.calls
+
+
+def test_no_debug_log_outside_debug_mode(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(quiet_log, tls_files)
+    assert seen == ([], ["made", "eof", "lost"])
+    assert handled == []
+
+
+async def timers_left(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """Once the handshake is done neither side keeps its handshake timer
+    scheduled (stock cancels it: a cancelled timer is no longer live)."""
+    server, transport, client, peer = await pair(loop, files)
+    live = [handle for handle in loop._scheduled  # type: ignore[attr-defined]
+            if not handle.cancelled()
+            and getattr(handle._callback, "__name__", "") == "_check_handshake_timeout"]
+    await close_pair(server, transport, peer)
+    return len(live)
+
+
+def test_the_handshake_timer_goes_with_the_handshake(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(timers_left, tls_files)
+    assert seen == 0
+    assert handled == []
