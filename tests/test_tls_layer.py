@@ -414,7 +414,7 @@ def test_no_debug_log_outside_debug_mode(tls_files: TlsFiles) -> None:
 async def timers_left(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """Once the handshake is done neither side keeps its handshake timer
     scheduled (stock cancels it: a cancelled timer is no longer live)."""
-    server, transport, client, peer = await pair(loop, files)
+    server, transport, _, peer = await pair(loop, files)
     live = [handle for handle in loop._scheduled  # type: ignore[attr-defined]
             if not handle.cancelled()
             and getattr(handle._callback, "__name__", "") == "_check_handshake_timeout"]
