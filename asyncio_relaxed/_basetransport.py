@@ -55,23 +55,35 @@ _SERVER_SOCKNAMES: dict[Any, Any] = {}  # the local address of accepted sockets
 _PEER_HOSTS: dict[Any, Any] = {}  # the host strings of accepted connections' peers
 
 
-def _shared(cache: dict[Any, Any], value: Any) -> Any:
-    """The object equal to *value* that *cache* holds (*value* itself, the
-    first time): one object per distinct value, whoever asks."""
-    shared = cache.get(value)
-    if shared is None:
-        if len(cache) >= SHARED_MAX:
-            cache.clear()
-        cache[value] = shared = value
-    return shared
+def _remember(cache: dict[Any, Any], value: Any) -> None:
+    """*value* is the one its equals share from now on (at the cap the cache
+    starts over)."""
+    if len(cache) >= SHARED_MAX:
+        cache.clear()
+    cache[value] = value
 
 
-def _share_peer_host(addr: Any) -> Any:
-    """*addr* with its host string shared with earlier peers of that host."""
-    if type(addr) is not tuple or len(addr) < 2:
-        return addr  # a Unix socket's path, or nothing
-    host = _shared(_PEER_HOSTS, addr[0])
-    return addr if host is addr[0] else (host, *addr[1:])
+def _accepted_addresses(peername: Any, sock: socket.socket) -> tuple[Any, Any]:
+    """An accepted connection's (peername, sockname): the local address the
+    one its listener's other connections share, the peer's host string the
+    one earlier peers of that host share (each cache hit is a dict lookup)."""
+    try:
+        sockname = sock.getsockname()
+    except OSError:
+        sockname = None
+    else:
+        shared = _SERVER_SOCKNAMES.get(sockname)
+        if shared is None:
+            _remember(_SERVER_SOCKNAMES, sockname)
+        else:
+            sockname = shared
+    if type(peername) is tuple and len(peername) >= 2:  # not a Unix path, not None
+        host = _PEER_HOSTS.get(peername[0])
+        if host is None:
+            _remember(_PEER_HOSTS, peername[0])
+        elif host is not peername[0]:
+            peername = (host, *peername[1:])
+    return peername, sockname
 
 
 def repr_head(transport: Any, closed: bool, fd: Any) -> list[str]:
@@ -207,15 +219,14 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
         self._low_water = _DEFAULT_LOW_WATER
-        self._peername = _share_peer_host(peername) if server is not None else peername
-        try:
-            sockname = sock.getsockname()
-        except OSError:
-            sockname = None
+        if server is not None:
+            self._peername, self._sockname = _accepted_addresses(peername, sock)
         else:
-            if server is not None:
-                sockname = _shared(_SERVER_SOCKNAMES, sockname)
-        self._sockname = sockname
+            self._peername = peername
+            try:
+                self._sockname = sock.getsockname()
+            except OSError:
+                self._sockname = None
         # The socket, until get_extra_info("socket") wraps it (then the
         # TransportSocket): stock wraps every socket up front.
         self._tsock: Any = sock
