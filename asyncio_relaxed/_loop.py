@@ -557,12 +557,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 timeout = 0
 
         # Phase: apply interest changes, then poll; the I/O handles join the
-        # ready queue in the kernel's order, as stock's _process_events adds
-        # them.  The poller's wait puts the reader of each input event on a
-        # transport's socket straight into the queue (ready_readers) and
-        # returns the other events as (fd, data, mask).  With time_metrics
-        # the poll first does not wait, and the clock is read only when that
-        # finds nothing and the loop may wait, or every 32nd iteration.
+        # ready queue as stock's _process_events adds them, in the kernel's
+        # order, except that the poller's wait puts the reader of each input
+        # event on a transport's socket straight into the queue
+        # (ready_readers) and returns the other events as (fd, data, mask),
+        # queued after those readers.  With time_metrics the poll first does
+        # not wait, and the clock is read only when that finds nothing and
+        # the loop may wait, or every 32nd iteration.
         selector = self._selector
         health = self._health
         if (type(selector).select is _POLLER_SELECT and not selector.replaced
