@@ -1184,7 +1184,8 @@ def test_udp_floor_echoes_every_datagram_to_its_sender() -> None:
                 sock.close()
             proc.stdin.write("mark\n")
             proc.stdin.flush()
-            assert json.loads(proc.stdout.readline())["cpu"] > 0
+            mark = json.loads(proc.stdout.readline())
+            assert mark["cpu"] > 0 and mark["minflt"] > 0
             proc.stdin.close()
             assert proc.wait(timeout=10) == 0
         finally:
@@ -1227,6 +1228,7 @@ def test_smoke_udp_workloads(name: str, tmp_path: Path) -> None:
         assert sample["lost"] == 0, loop_name
         assert sample["rate"] > 0 and sample["cpu_us_per_unit"] > 0, loop_name
         assert sample["bursts"] > 0, loop_name
+        assert sample["faults_per_unit"] >= 0, loop_name
     ours = entry["loops"]["relaxed-eager"]["median"]
     assert 0 < ours["datagram_read_events_per_unit"] <= 1.0
     assert ours["datagram_recv_per_unit"] >= 1.0  # each datagram read once, plus EAGAINs

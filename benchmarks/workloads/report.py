@@ -28,10 +28,13 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "idle": [("B/conn", "bytes_per_unit", "{:,.0f}")],
     # A datagram echoed; the latencies are a burst's (one datagram, or
     # udp-burst-1k's 32); lost: echoes that never came (the client's
-    # timeout); the last three from asyncio_relaxed's statistics() only.
+    # timeout); faults: the server's minor page faults (a recv buffer served
+    # by mmap faults per read); the last three from asyncio_relaxed's
+    # statistics() only.
     "datagram": [("dgram/s", "rate", "{:,.0f}"), ("CPU µs/dgram", "cpu_us_per_unit", "{:.2f}"),
                  ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}"),
-                 ("lost", "lost", "{:,.0f}"), ("polls/dgram", "poll_waits_per_unit", "{:.3f}"),
+                 ("lost", "lost", "{:,.0f}"), ("faults/dgram", "faults_per_unit", "{:.2f}"),
+                 ("polls/dgram", "poll_waits_per_unit", "{:.3f}"),
                  ("read events/dgram", "datagram_read_events_per_unit", "{:.3f}"),
                  ("recvs/dgram", "datagram_recv_per_unit", "{:.3f}")],
     "fairness": [("Jain conns", "jain", "{:.3f}"), ("Jain reqs", "jain_requests", "{:.3f}"),

@@ -313,6 +313,10 @@ def _figures(w: Workload, loop: str, result: dict[str, Any], before: dict[str, A
     if w.unit == "MiB":
         sample["gbit_s"] = result["gbit_s"]
     sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+    if "minflt" in after and "minflt" in before:
+        # Minor page faults: glibc serving stock's recv(256 KiB) by mmap
+        # (a fault or more per read) rather than from the heap shows here.
+        sample["faults_per_unit"] = (after["minflt"] - before["minflt"]) / units
     for key in ("p50_us", "p99_us", "p999_us", "lag_p99_us", "lag_max_us", "lost", "late",
                 "bursts"):
         if key in result:
