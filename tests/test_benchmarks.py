@@ -810,7 +810,7 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert "floor-tls-bio" not in WORKLOADS["https-0b"].loops
     tls_names = {n for n, w in WORKLOADS.items() if w.tls}
     assert tls_names == {"tls-echo-1k-c10", "tls-echo-64k-c10", "https-0b", "tls-churn",
-                         "starttls-echo-1k-c10"}
+                         "starttls-echo-1k-c10", "quic-10m"}
     assert not runner._fits(WORKLOADS["starttls-echo-1k-c10"], "floor-tls-bio")
     assert "floor-tls-bio" not in WORKLOADS["starttls-echo-1k-c10"].loops
     # By name only: the default set stays within its 4 minutes.
@@ -1209,6 +1209,34 @@ def test_a_loop_without_datagram_endpoints_is_unsupported(
     (line,) = capsys.readouterr().out.splitlines()
     assert json.loads(line)["unsupported"].endswith(
         "NoDatagrams: create_datagram_endpoint() raised NotImplementedError: no UDP here")
+
+
+def test_the_quic_workload_needs_aioquic_and_runs_by_name() -> None:
+    w = WORKLOADS["quic-10m"]
+    assert (w.server, w.client, w.unit, w.request, w.tls) == ("quic", "quic", "MiB", 10 << 20,
+                                                              True)
+    assert "aioquic" in w.needs and not any(loops.SPECS[n].kind == "floor" for n in w.loops)
+    assert {"asyncio", "uvloop", "relaxed-eager", *loops.TRANSPORT_PEERS} <= set(w.loops)
+    assert [x.name for x in runner.select(["quic-*"], full=False)] == ["quic-10m"]
+    assert "quic-10m" not in {x.name for x in runner.select(None, full=False)}
+    assert "quic-10m" not in {x.name for x in runner.select(["udp-*"], full=False)}
+    gone = dataclasses.replace(w, needs=("aioquic-not-installed-here",))
+    assert catalog.missing(gone) == ("quic-10m needs aioquic-not-installed-here, which is not "
+                                     "installed (pip install 'aioquic-not-installed-here')")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(120)
+def test_smoke_quic(tmp_path: Path, tls_dir: Path) -> None:
+    """The QUIC workload on stock and ours, where aioquic is installed."""
+    w = WORKLOADS["quic-10m"]
+    why = catalog.missing(w)
+    if why:
+        pytest.skip(why)
+    entry = _smoke(w, ["asyncio", "relaxed-eager"], tmp_path)
+    for data in entry["loops"].values():
+        assert data["median"]["gbit_s"] > 0 and data["median"]["cpu_us_per_unit"] > 0
+        assert data["client"].endswith("aioquic")
 
 
 @pytest.mark.bench

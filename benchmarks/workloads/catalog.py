@@ -230,6 +230,12 @@ def _udp() -> list[Workload]:
         Workload("udp-burst-1k", "UDP echo, 10 clients each sending 32 datagrams of 1 KiB "
                  "at a time and waiting for the 32 echoes (QUIC's shape)", "udp-echo", "udp",
                  10, 1 * KiB, 1 * KiB, unit="datagram", loops=UDP_LOOPS, burst=32),
+        # aioquic (QUIC and TLS 1.3 in Python) over each loop's datagram
+        # endpoint (benchmarks.workloads.quic); no floor serves it.
+        Workload("quic-10m", "QUIC (aioquic): one connection, 10 MiB streams one at a time, "
+                 "the server counts them", "quic", "quic", 1, 10 * MiB, 2, unit="MiB",
+                 loops=tuple(n for n in UDP_LOOPS if SPECS[n].kind != "floor"), tls=True,
+                 needs=("aioquic", "trustme")),
     ]
 
 

@@ -23,6 +23,8 @@ Kinds of load:
   (so the server has built every transport) and holds them until ``go``;
 - ``fairness``: the fairness workloads' clients (benchmarks.workloads.fairness,
   whose parent starts this with ``--mode``);
+- ``quic``: one aioquic connection sending ``--request``-byte streams one
+  at a time (benchmarks.workloads.quic), in MiB;
 - ``udp``: ``--concurrency`` datagram endpoints, each on its own connected
   UDP socket (4 MiB buffers, benchmarks.workloads.floors.udp_socket), each
   sending ``--burst`` datagrams of ``--request`` bytes at a time and
@@ -56,8 +58,8 @@ from benchmarks.workloads import fairness
 from benchmarks.workloads.control import finish, raise_fd_limit
 from benchmarks.workloads.server import STARTTLS, STARTTLS_OK
 
-KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness", "udp")
-TLS_KINDS = ("echo", "http", "churn", "idle")
+KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness", "udp", "quic")
+TLS_KINDS = ("echo", "http", "churn", "idle", "quic")
 STARTTLS_KINDS = ("echo",)
 MiB = 1 << 20
 #: Seconds a UDP client waits for a burst's echoes before it counts the
@@ -361,6 +363,14 @@ async def wait_for_go() -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
+    if args.kind == "quic":
+        from benchmarks.workloads import quic
+
+        def ready() -> None:
+            print(json.dumps({"ready": True, "client": f"builtin ({loops.client_loop()[0]}), "
+                              "aioquic"}), flush=True)
+
+        return await quic.client(args, ready, wait_for_go)
     meter = Meter()
     request = b"r" * args.request
     tasks: list[Any] = []

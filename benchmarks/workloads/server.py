@@ -21,6 +21,8 @@ workload's, nothing else differs between loops):
 - ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB;
 - ``uvicorn``: uvicorn with httptools serving an ASGI app, on the loop
   uvicorn's own ``--loop`` option makes (benchmarks.workloads.asgi);
+- ``quic``: aioquic's QUIC server on the loop's datagram endpoint,
+  counting the client's streams (benchmarks.workloads.quic);
 - ``udp-echo``: a datagram endpoint (``create_datagram_endpoint``, on the
   socket of :func:`benchmarks.workloads.floors.udp_socket`, buffers of
   4 MiB each way) that sends every datagram back to its sender.  A loop
@@ -68,9 +70,9 @@ from benchmarks.workloads.control import (
 from benchmarks.workloads.floors import READ_SIZE, aligned_buffer, udp_socket
 
 KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "split", "http",
-         "uvicorn", "udp-echo")
-#: The kinds that serve over TLS with --tls.
-TLS_KINDS = ("echo-protocol", "http")
+         "uvicorn", "udp-echo", "quic")
+#: The kinds that serve over TLS with --tls (quic: always, TLS 1.3 in QUIC).
+TLS_KINDS = ("echo-protocol", "http", "quic")
 #: The kinds that serve over TLS with --starttls.
 STARTTLS_KINDS = ("echo-protocol",)
 #: The plain exchange before start_tls: the client's line, the server's answer.
@@ -388,6 +390,11 @@ def main() -> None:
         return
     loop = loops.factory(args.loop)()
     try:
+        if args.kind == "quic":
+            from benchmarks.workloads import quic
+
+            loop.run_until_complete(quic.serve(loop))
+            return
         loop.run_until_complete(serve_udp(loop) if args.kind == "udp-echo" else serve(args))
     finally:
         loop.close()
