@@ -8,8 +8,8 @@ starts at that answer.  aioquic does the QUIC and TLS 1.3 (the certificates
 of benchmarks.harness.tls) in Python on top of the loop's datagram
 endpoint, so the loop's share of the server's CPU is its datagram
 transport and its timers.  The figure is server CPU per MiB received.
-aioquic is not a dependency of the suite: without it the workload is
-skipped with the reason (``needs``).
+aioquic comes with the bench extra on CPython; where it is missing (PyPy)
+the workload is skipped with the reason (``needs``).
 """
 
 from __future__ import annotations
