@@ -80,7 +80,7 @@ def _receive_view(shared: TransportShared) -> memoryview:
 class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     """A datagram transport over a non-blocking socket (UDP or Unix)."""
 
-    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_view")
+    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_stats", "_view")
 
     # Kept for code that reads it, as on stock; reads are bounded by MAX_SIZE.
     max_size = MAX_SIZE
@@ -101,6 +101,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._buffer_size = 0  # payloads plus header bytes (see the module docstring)
         self._batch = shared.config.datagram_batch
+        self._stats = shared.stats  # (an attribute read less per event and per send)
         self._view = _receive_view(shared)
         self.set_protocol(protocol)
         self._attach(None)
@@ -126,15 +127,16 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         docstring for where the batch ends)."""
         if self._conn_lost:
             return
-        stats = self._shared.stats
+        stats = self._stats
         stats.datagram_read_events += 1
         sock: Any = self._sock
         view = self._view
         peer = self._peername or None  # a socketpair's is "": recvfrom tells None
-        calls = received = nbytes_in = 0
+        received = nbytes_in = 0
+        last = 0  # the read that gave no datagram (EAGAIN, an error), if one did
         try:
             for _ in range(self._batch):
-                calls += 1
+                last = 1
                 try:
                     if peer is None:
                         nbytes, addr = sock.recvfrom_into(view)
@@ -153,6 +155,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                 except BaseException as exc:
                     self._fatal_error(exc, "Fatal read error on datagram transport")
                     return
+                last = 0
                 received += 1
                 nbytes_in += nbytes
                 self._protocol.datagram_received(view[:nbytes].tobytes(), addr)
@@ -160,14 +163,14 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                     return
         finally:
             # Once per event, not per datagram: three increments per batch.
-            stats.datagram_recv += calls
+            stats.datagram_recv += received + last
             stats.datagrams_received += received
             stats.datagram_bytes_received += nbytes_in
 
     # -- writing ----------------------------------------------------------
 
     def sendto(self, data: Any, addr: Any = None) -> None:
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        if type(data) is not bytes and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data argument must be a bytes-like object, "
                             f"not {type(data).__name__!r}")
         if not data and not _SENDS_EMPTY:
@@ -217,24 +220,26 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         """One datagram to the socket: True once sent, False if the kernel's
         buffer is full (EAGAIN), None if it failed (an OSError to
         error_received, as stock's; anything else fatal)."""
-        stats = self._shared.stats
-        stats.datagram_send += 1
+        stats = self._stats
         sock: Any = self._sock
         try:
             n = sock.send(data) if self._peername else sock.sendto(data, addr)
         except (BlockingIOError, InterruptedError):
+            stats.datagram_send += 1
             stats.datagram_send_eagain += 1
             return False
         except OSError as exc:
+            stats.datagram_send += 1
             stats.datagram_errors += 1
             self._protocol.error_received(exc)
             return None
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
+            stats.datagram_send += 1
             self._fatal_error(exc, "Fatal write error on datagram transport")
             return None
-        stats.datagrams_sent += 1
+        stats.datagram_sent_ok += 1  # a send and a datagram sent (Counters)
         stats.datagram_bytes_sent += n
         return True
 

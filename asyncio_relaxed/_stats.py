@@ -64,15 +64,16 @@ COUNTERS: dict[str, str] = {
 class Counters:
     """Mutable counters, one attribute per entry of :data:`COUNTERS`.
 
-    Plus two that the transport's hot paths count with one increment where
+    Plus three that the transports' hot paths count with one increment where
     two counters move (what the second increment would cost: docs/design.md,
     "Statistics"); :meth:`snapshot` adds each to
-    both: ``sent_at_once`` (a write() sent at once: a write and a send) and
+    both: ``sent_at_once`` (a write() sent at once: a write and a send),
     ``queued_at_once`` (a write() that queued its transport: a write and a
-    deferred write).
+    deferred write) and ``datagram_sent_ok`` (a datagram send the kernel
+    took: a send and a datagram sent).
     """
 
-    __slots__ = (*COUNTERS, "sent_at_once", "queued_at_once")
+    __slots__ = (*COUNTERS, "sent_at_once", "queued_at_once", "datagram_sent_ok")
 
     iterations: int
     events: int
@@ -112,6 +113,7 @@ class Counters:
     pipe_bytes_written: int
     sent_at_once: int
     queued_at_once: int
+    datagram_sent_ok: int
 
     def __init__(self) -> None:
         self.reset()
@@ -125,6 +127,8 @@ class Counters:
         counts["writes"] += self.sent_at_once + self.queued_at_once
         counts["send"] += self.sent_at_once
         counts["writes_deferred"] += self.queued_at_once
+        counts["datagram_send"] += self.datagram_sent_ok
+        counts["datagrams_sent"] += self.datagram_sent_ok
         return LoopStatistics(backend, **counts)
 
 
