@@ -47,17 +47,19 @@ PIPE_LOOPS = ["asyncio", *RELAXED_SETTINGS, "relaxed-pipe-stock"]
 PIPE_CAPACITY = 65536
 
 
+def _make_loop(name: str) -> asyncio.AbstractEventLoop:
+    """A loop of PIPE_LOOPS by its name."""
+    if name == "relaxed-pipe-stock":
+        return asyncio_relaxed.Loop(pipe="stock")
+    factory = LOOP_FACTORIES[name]
+    assert factory is not None
+    return factory()
+
+
 @pytest.fixture(params=PIPE_LOOPS)
 def ploop(request: pytest.FixtureRequest,
           loop_errors: LoopErrors) -> Iterator[asyncio.AbstractEventLoop]:
-    name: str = request.param
-    if name == "relaxed-pipe-stock":
-        loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(pipe="stock")
-    else:
-        factory = LOOP_FACTORIES[name]
-        assert factory is not None
-        loop = factory()
-    yield from _as_fixture(loop, loop_errors)
+    yield from _as_fixture(_make_loop(request.param), loop_errors)
 
 
 @pytest.fixture(params=list(RELAXED_SETTINGS))
@@ -320,12 +322,7 @@ def test_a_failing_data_received_is_the_readers_error(ploop: asyncio.AbstractEve
 def test_an_unclosed_pipe_transport_warns(name: str) -> None:
     """A write end left open when its loop closes warns once collected,
     and its pipe is closed."""
-    if name == "relaxed-pipe-stock":
-        loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(pipe="stock")
-    else:
-        factory = LOOP_FACTORIES[name]
-        assert factory is not None
-        loop = factory()
+    loop = _make_loop(name)
     ours = own(loop)
     r, w = _pipe()
 
