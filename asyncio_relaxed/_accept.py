@@ -97,6 +97,7 @@ import time
 from typing import Any
 
 from ._config import AcceptStrategy
+from ._sockets import C_INIT, C_NEW
 
 __all__ = [
     "BALANCED_GROW",
@@ -116,6 +117,7 @@ __all__ = [
 # socket.socket.accept() without its Python frame and enum members: the C
 # accept (the descriptor and the address) and the C attributes.
 _C_ACCEPT = getattr(_socket.socket, "_accept", None)
+_SOCKET: Any = socket.socket
 _FAMILY = _socket.socket.family
 _TYPE = _socket.socket.type
 
@@ -331,7 +333,11 @@ class Listener:
         try:
             if self.plain:
                 fd, addr = _C_ACCEPT(self.sock)  # type: ignore[misc]
-                conn = socket.socket(self.family, self.kind, self.proto, fd)
+                # socket.socket(family, kind, proto, fd), its body inline (_sockets.C_NEW)
+                conn = C_NEW(_SOCKET)
+                C_INIT(conn, self.family, self.kind, self.proto, fd)
+                conn._io_refs = 0
+                conn._closed = False
             else:
                 conn, addr = self.sock.accept()
             conn.setblocking(False)

@@ -28,12 +28,12 @@ import socket
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat
 from ._shared import TransportShared
 
-__all__ = ["SHARED_MAX", "TransportBase"]
+__all__ = ["SHARED_MAX", "Reading", "TransportBase", "repr_head"]
 
 _copy_context = contextvars.copy_context
 
@@ -55,23 +55,47 @@ _SERVER_SOCKNAMES: dict[Any, Any] = {}  # the local address of accepted sockets
 _PEER_HOSTS: dict[Any, Any] = {}  # the host strings of accepted connections' peers
 
 
-def _shared(cache: dict[Any, Any], value: Any) -> Any:
-    """The object equal to *value* that *cache* holds (*value* itself, the
-    first time): one object per distinct value, whoever asks."""
-    shared = cache.get(value)
-    if shared is None:
-        if len(cache) >= SHARED_MAX:
-            cache.clear()
-        cache[value] = shared = value
-    return shared
+def _remember(cache: dict[Any, Any], value: Any) -> None:
+    """*value* is the one its equals share from now on (at the cap the cache
+    starts over)."""
+    if len(cache) >= SHARED_MAX:
+        cache.clear()
+    cache[value] = value
 
 
-def _share_peer_host(addr: Any) -> Any:
-    """*addr* with its host string shared with earlier peers of that host."""
-    if type(addr) is not tuple or len(addr) < 2:
-        return addr  # a Unix socket's path, or nothing
-    host = _shared(_PEER_HOSTS, addr[0])
-    return addr if host is addr[0] else (host, *addr[1:])
+def _accepted_addresses(peername: Any, sock: socket.socket) -> tuple[Any, Any]:
+    """An accepted connection's (peername, sockname): the local address the
+    one its listener's other connections share, the peer's host string the
+    one earlier peers of that host share (each cache hit is a dict lookup)."""
+    try:
+        sockname = sock.getsockname()
+    except OSError:
+        sockname = None
+    else:
+        shared = _SERVER_SOCKNAMES.get(sockname)
+        if shared is None:
+            _remember(_SERVER_SOCKNAMES, sockname)
+        else:
+            sockname = shared
+    if type(peername) is tuple and len(peername) >= 2:  # not a Unix path, not None
+        host = _PEER_HOSTS.get(peername[0])
+        if host is None:
+            _remember(_PEER_HOSTS, peername[0])
+        elif host is not peername[0]:
+            peername = (host, *peername[1:])
+    return peername, sockname
+
+
+def repr_head(transport: Any, closed: bool, fd: Any) -> list[str]:
+    """The start of a transport's repr as stock writes it: its class, then
+    closed or closing, then its fd."""
+    info = [transport.__class__.__name__]
+    if closed:
+        info.append("closed")
+    elif transport._closing:
+        info.append("closing")
+    info.append(f"fd={fd}")
+    return info
 
 
 def _peername(sock: socket.socket) -> Any:
@@ -81,7 +105,50 @@ def _peername(sock: socket.socket) -> Any:
         return None
 
 
-class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[misc]
+class Reading:
+    """Reading paused or not: stock's is_reading, pause_reading and
+    resume_reading, over a transport's _unwatch_read and _start_reading
+    (which starts only while is_reading())."""
+
+    if not TYPE_CHECKING:  # (mypy would hold the subclasses' slots to this)
+        __slots__ = ()
+
+    _closing: bool
+    _paused: bool
+    _loop: Any
+    #: asyncio's logger as the stock module of the transport kind sees it.
+    _logger = staticmethod(_compat.transport_logger)
+
+    def _unwatch_read(self) -> None:
+        raise NotImplementedError
+
+    def _start_reading(self) -> None:
+        raise NotImplementedError
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        # Only the wanted mask changes: the poller sends the kernel the net
+        # change before it next waits, so pause+resume in one callback is free
+        # (for an fd the poller owns; any other's removal goes out at once).
+        self._unwatch_read()
+        if self._loop.get_debug():
+            self._logger().debug("%r pauses reading", self)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._start_reading()
+        if self._loop.get_debug():
+            self._logger().debug("%r resumes reading", self)
+
+
+class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: ignore[misc]
     """A stream transport's identity: socket, addresses, protocol, server.
 
     Slots for its state, plus a ``__dict__`` as stock's transport has: tests
@@ -111,6 +178,7 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
 
     _loop: Any  # the Loop; None once connection_lost has run (a base-class slot)
     _protocol: Any  # None once connection_lost has run
+    _buffer: Any  # the subclass's write buffer (a sized container)
     # FlowControlMixin's slots, which mypy sees as Any.
     _protocol_paused: bool
     _high_water: int
@@ -143,16 +211,22 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         else:
             peername = _peername(sock)
             extra = None
-        super().__init__(extra or _NO_EXTRA, loop)
-        self._peername = _share_peer_host(peername) if server is not None else peername
-        try:
-            sockname = sock.getsockname()
-        except OSError:
-            sockname = None
+        # FlowControlMixin.__init__ and BaseTransport.__init__ (the same code
+        # from 3.11 to 3.15 and on PyPy; tests/test_transport.py holds this
+        # to them), without their three frames and the property setter's.
+        _RAW_EXTRA.__set__(self, extra or _NO_EXTRA)
+        self._loop = loop
+        self._protocol_paused = False
+        self._high_water = _DEFAULT_HIGH_WATER
+        self._low_water = _DEFAULT_LOW_WATER
+        if server is not None:
+            self._peername, self._sockname = _accepted_addresses(peername, sock)
         else:
-            if server is not None:
-                sockname = _shared(_SERVER_SOCKNAMES, sockname)
-        self._sockname = sockname
+            self._peername = peername
+            try:
+                self._sockname = sock.getsockname()
+            except OSError:
+                self._sockname = None
         # The socket, until get_extra_info("socket") wraps it (then the
         # TransportSocket): stock wraps every socket up front.
         self._tsock: Any = sock
@@ -174,19 +248,17 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
 
     # -- the loop's scheduling, in the transport's context (3.15) ----------
 
-    if _compat.PY315:
-        def _call_soon(self, callback: Any, *args: Any) -> None:
-            self._loop.call_soon(callback, *args, context=self._context)
+    # A callback is scheduled with self._loop.call_soon(..., context=self._context):
+    # None before 3.15 and for a transport made without a context, so a
+    # copy of the current context, as stock's.
 
+    if _compat.PY315:
         def _watch_read(self, callback: Any) -> None:
             self._loop._add_reader(self._sock_fd, callback, context=self._context)
 
         def _watch_write(self) -> None:
             self._loop._add_writer(self._sock_fd, self._write_ready, context=self._context)
     else:
-        def _call_soon(self, callback: Any, *args: Any) -> None:
-            self._loop.call_soon(callback, *args)
-
         def _watch_read(self, callback: Any) -> None:
             self._loop._add_reader(self._sock_fd, callback)
 
@@ -233,12 +305,13 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
         a handle of its own as stock schedules them (connection_made and
         reading in one outside debug mode, which times and names each)."""
         if self._loop._debug:
-            self._call_soon(self._protocol.connection_made, self)
-            self._call_soon(self._start_reading)
+            self._loop.call_soon(self._protocol.connection_made, self, context=self._context)
+            self._loop.call_soon(self._start_reading, context=self._context)
         else:
-            self._call_soon(self._connection_made)
+            self._loop.call_soon(self._connection_made, context=self._context)
         if waiter is not None:
-            self._call_soon(_compat.set_result_unless_cancelled, waiter, None)
+            self._loop.call_soon(_compat.set_result_unless_cancelled, waiter, None,
+                                 context=self._context)
 
     def _connection_made(self) -> None:
         """connection_made(), then reading starts (only once it has run):
@@ -264,38 +337,10 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
     def _start_reading(self) -> None:
         raise NotImplementedError
 
-    # -- reading, paused or not -----------------------------------------------
-
-    def is_reading(self) -> bool:
-        return not self._closing and not self._paused
-
-    def pause_reading(self) -> None:
-        if self._closing or self._paused:
-            return
-        self._paused = True
-        # Only the wanted mask changes: the poller sends the kernel the net
-        # change before it next waits, so pause+resume in one callback is free.
-        self._unwatch_read()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r pauses reading", self)
-
-    def resume_reading(self) -> None:
-        if self._closing or not self._paused:
-            return
-        self._paused = False
-        self._start_reading()
-        if self._loop.get_debug():
-            _compat.transport_logger().debug("%r resumes reading", self)
-
     # -- identity ---------------------------------------------------------
 
     def __repr__(self) -> str:
-        info = [self.__class__.__name__]
-        if self._sock is None:
-            info.append("closed")
-        elif self._closing:
-            info.append("closing")
-        info.append(f"fd={self._sock_fd}")
+        info = repr_head(self, self._sock is None, self._sock_fd)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -345,7 +390,41 @@ class TransportBase(_Base, metaclass=_compat.SlotsWithDict):  # type: ignore[mis
             )
         self._force_close(exc)
 
+    # -- closing ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop reading now; end once nothing is buffered for writing (the
+        subclass's send that empties the buffer ends it otherwise)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._unwatch_for_good()  # never read again: the removal goes out now, not lazily
+        if not self._buffer:
+            self._conn_lost += 1
+            self._lost()
+            self._loop.call_soon(self._call_connection_lost, None, context=self._context)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
     def _force_close(self, exc: BaseException | None) -> None:
+        """The end without flushing: the buffer dropped, connection_lost(exc)
+        one callback later."""
+        if self._conn_lost:
+            return
+        self._drop_buffer()
+        if not self._closing:
+            self._closing = True
+            self._unwatch_for_good()
+        self._conn_lost += 1
+        self._lost()
+        self._loop.call_soon(self._call_connection_lost, exc, context=self._context)
+
+    def _drop_buffer(self) -> None:
+        """Drop what is buffered for writing (and stop waiting to send it)."""
+        raise NotImplementedError
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
         raise NotImplementedError
 
     def _lost(self) -> None:

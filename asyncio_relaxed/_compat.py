@@ -85,6 +85,7 @@ __all__ = [
     "format_handle",
     "loop_logger",
     "move_stream_buffer",
+    "pipe_logger",
     "run",
     "server_active_count",
     "server_attach",
@@ -438,6 +439,13 @@ def loop_logger() -> logging.Logger:
 def transport_logger() -> logging.Logger:
     """asyncio's logger as selector_events sees it now (tests patch it there)."""
     return _selector_events.logger  # type: ignore[no-any-return]
+
+
+def pipe_logger() -> logging.Logger:
+    """asyncio's logger as unix_events sees it now (tests patch it there)."""
+    from asyncio import unix_events
+
+    return unix_events.logger  # type: ignore[attr-defined,no-any-return]
 
 
 # -- policies -----------------------------------------------------------------

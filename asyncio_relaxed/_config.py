@@ -27,6 +27,7 @@ __all__ = [
     "Config",
     "DatagramMode",
     "PartialWrite",
+    "PipeMode",
     "Poller",
     "TlsMode",
     "WriteMode",
@@ -96,6 +97,17 @@ class TlsMode(enum.StrEnum):
     #: socket transport, for ssl= and start_tls() alike.
     OWN = "own"
     #: Stock asyncio's SSLProtocol over the loop's socket transport.
+    STOCK = "stock"
+
+
+class PipeMode(enum.StrEnum):
+    """Which transports carry pipes (subprocesses, connect_read_pipe,
+    connect_write_pipe)."""
+
+    #: The loop's own pipe transports (asyncio_relaxed/_pipes.py): reads
+    #: into the loop's one buffer, writes on the loop's write queue.
+    OWN = "own"
+    #: Stock asyncio's pipe transports.
     STOCK = "stock"
 
 
@@ -235,7 +247,7 @@ class Config:
             "SSLObject, memory BIOs), reading into the loop's one buffer and "
             "sending records with the loop's send path; stock uses asyncio's "
             "SSLProtocol over the loop's socket transport, three objects per "
-            "connection. start_tls and TLS over TLS always go through stock's."
+            "connection, for ssl=, start_tls() and TLS over TLS alike."
         ),
     )
     datagram: DatagramMode = _field(
@@ -255,8 +267,20 @@ class Config:
             "datagrams read per readiness event at most under datagram=own, "
             "fewer when the socket runs dry (EAGAIN), the protocol pauses reading "
             "or the transport closes: libuv's uv__udp_recvmsg reads up to 32 per "
-            "event, so a burst of 32 costs one loop iteration. 1 reads one per "
+            "event, so a burst of 32 costs one loop iteration (the cheapest batch "
+            "on the udp-burst-1k benchmark: docs/settings.md). 1 reads one per "
             "event, as stock does."
+        ),
+    )
+    pipe: PipeMode = _field(
+        PipeMode.OWN,
+        unit="mode",
+        why=(
+            "own reads a pipe into the loop's one buffer (one exact-size copy) "
+            "and writes it through the loop's write queue, so write=deferred "
+            "coalesces a callback's writes to a child's stdin into one write; "
+            "stock is asyncio's pipe transports, one os.read(256 KiB) allocation "
+            "per read and one os.write per write. Both have stock's semantics."
         ),
     )
     stats_dir: str = _field(
@@ -444,6 +468,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "tls": _parse_enum(TlsMode),
     "datagram": _parse_enum(DatagramMode),
     "datagram_batch": _parse_int("datagram_batch"),
+    "pipe": _parse_enum(PipeMode),
     "stats_dir": _parse_directory,
     "read_size": _parse_int("read_size"),
 }

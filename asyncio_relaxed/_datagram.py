@@ -4,10 +4,15 @@ Theory of operation
 ===================
 
 Reads.  Each readiness event reads up to ``datagram_batch`` datagrams (the
-loop's setting; libuv's ``uv__udp_recvmsg`` reads up to 32 per event), each
-with ``recvfrom_into`` into the loop's one receive buffer, and hands
-``datagram_received`` one exact-size ``bytes`` copy of each.  On a socket
-with a peer (connected) it is ``recv_into``: the kernel delivers only the
+loop's setting; libuv's ``uv__udp_recvmsg`` reads up to 32 per event).  On
+an IP socket each is one ``recvfrom(UDP_MAX)``: a UDP payload fits 64 KiB,
+which CPython allocates from the heap (below glibc's mmap threshold) and
+shrinks in place to the datagram, one call and no copy (the stream
+transport's small reads make the same trade).  Other sockets (Unix
+datagram sockets, whose datagrams may be larger) read with
+``recvfrom_into`` into the loop's one receive buffer and hand
+``datagram_received`` an exact-size ``bytes`` copy.  On a socket with a
+peer (connected) it is ``recv``/``recv_into``: the kernel delivers only the
 peer's datagrams to such a socket, so the address is the one
 ``getpeername()`` gave, in the form ``recvfrom`` would give it (checked for
 IPv4, IPv6 and Unix sockets; a socketpair's peer has no name, and there
@@ -25,10 +30,10 @@ Whatever the batch leaves, the level-triggered poller reports again.  An
 exception from the protocol's callbacks ends the batch and reaches the loop's
 exception handler as the reader's own, as stock's does.
 
-The buffer: a datagram read returns at most 256 KiB on stock (its
-``max_size``), so the loop's buffer serves when ``read_size`` is at least
-that; otherwise the transport reads into a 256 KiB buffer of its own, so no
-datagram is cut shorter than stock would cut it.  Every read copies out of
+The buffer (sockets other than IP): a datagram read returns at most 256 KiB
+on stock (its ``max_size``), so the loop's buffer serves when ``read_size``
+is at least that; otherwise the transport reads into a 256 KiB buffer of its
+own, so no datagram is cut shorter than stock would cut it.  Every read copies out of
 the buffer before a callback runs, which keeps the buffer free for the next
 read of any transport of the loop.
 
@@ -70,8 +75,17 @@ _HEADER_SIZE = _compat.DATAGRAM_HEADER_SIZE
 MAX_SIZE = 256 * 1024
 
 
-def _receive_view(shared: TransportShared) -> memoryview:
-    """Where a datagram is read: the loop's buffer, or one of MAX_SIZE."""
+#: What one recvfrom() of an IP socket asks for: a UDP payload is at most
+#: 65,507 bytes over IPv4 and 65,527 over IPv6 (its length is 16 bits; a
+#: jumbogram needs a link MTU over 64 KiB), and 64 KiB comes from the heap.
+UDP_MAX = 65536
+
+
+def _receive_view(sock: socket.socket, shared: TransportShared) -> memoryview | None:
+    """Where a datagram is read: nowhere for an IP socket (recvfrom of
+    UDP_MAX makes the bytes), else the loop's buffer, or one of MAX_SIZE."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        return None
     if len(shared.read_buffer) >= MAX_SIZE:
         return shared.read_view
     return memoryview(bytearray(MAX_SIZE))
@@ -80,7 +94,7 @@ def _receive_view(shared: TransportShared) -> memoryview:
 class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     """A datagram transport over a non-blocking socket (UDP or Unix)."""
 
-    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_view")
+    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_stats", "_view")
 
     # Kept for code that reads it, as on stock; reads are bounded by MAX_SIZE.
     max_size = MAX_SIZE
@@ -101,7 +115,8 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._buffer_size = 0  # payloads plus header bytes (see the module docstring)
         self._batch = shared.config.datagram_batch
-        self._view = _receive_view(shared)
+        self._stats = shared.stats  # (an attribute read less per event and per send)
+        self._view = _receive_view(sock, shared)
         self.set_protocol(protocol)
         self._attach(None)
         self._schedule_start(waiter)
@@ -126,20 +141,29 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         docstring for where the batch ends)."""
         if self._conn_lost:
             return
-        stats = self._shared.stats
+        stats = self._stats
         stats.datagram_read_events += 1
         sock: Any = self._sock
         view = self._view
         peer = self._peername or None  # a socketpair's is "": recvfrom tells None
-        calls = received = nbytes_in = 0
+        received = nbytes_in = 0
+        last = 0  # the read that gave no datagram (EAGAIN, an error), if one did
         try:
             for _ in range(self._batch):
-                calls += 1
+                last = 1
                 try:
-                    if peer is None:
+                    if view is None:  # an IP socket: the bytes in one call
+                        if peer is None:
+                            data, addr = sock.recvfrom(UDP_MAX)
+                        else:
+                            data = sock.recv(UDP_MAX)
+                            addr = peer
+                    elif peer is None:
                         nbytes, addr = sock.recvfrom_into(view)
+                        data = view[:nbytes].tobytes()
                     else:
                         nbytes = sock.recv_into(view)
+                        data = view[:nbytes].tobytes()
                         addr = peer
                 except (BlockingIOError, InterruptedError):
                     stats.datagram_recv_eagain += 1
@@ -153,21 +177,22 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                 except BaseException as exc:
                     self._fatal_error(exc, "Fatal read error on datagram transport")
                     return
+                last = 0
                 received += 1
-                nbytes_in += nbytes
-                self._protocol.datagram_received(view[:nbytes].tobytes(), addr)
+                nbytes_in += len(data)
+                self._protocol.datagram_received(data, addr)
                 if self._closing or self._paused:
                     return
         finally:
             # Once per event, not per datagram: three increments per batch.
-            stats.datagram_recv += calls
+            stats.datagram_recv += received + last
             stats.datagrams_received += received
             stats.datagram_bytes_received += nbytes_in
 
     # -- writing ----------------------------------------------------------
 
     def sendto(self, data: Any, addr: Any = None) -> None:
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        if type(data) is not bytes and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data argument must be a bytes-like object, "
                             f"not {type(data).__name__!r}")
         if not data and not _SENDS_EMPTY:
@@ -182,10 +207,20 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
             self._conn_lost += 1
             return
         if not self._buffer:
-            # Nothing buffered: sent at once, as stock does.
-            if self._send(data, addr) is not False:
+            # Nothing buffered: sent at once, as stock does (_send, its
+            # success inline: a frame less per datagram).
+            sock: Any = self._sock
+            try:
+                n = sock.send(data) if self._peername else sock.sendto(data, addr)
+            except BaseException as exc:
+                if self._send_failed(exc) is not False:
+                    return
+                self._watch_write()
+            else:
+                stats = self._stats
+                stats.datagram_sent_ok += 1  # a send and a datagram sent (Counters)
+                stats.datagram_bytes_sent += n
                 return
-            self._watch_write()
         # A copy: the caller may reuse a bytearray once sendto() returns.
         chunk = bytes(data)
         self._buffer.append((chunk, addr))
@@ -217,58 +252,50 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         """One datagram to the socket: True once sent, False if the kernel's
         buffer is full (EAGAIN), None if it failed (an OSError to
         error_received, as stock's; anything else fatal)."""
-        stats = self._shared.stats
-        stats.datagram_send += 1
         sock: Any = self._sock
         try:
             n = sock.send(data) if self._peername else sock.sendto(data, addr)
-        except (BlockingIOError, InterruptedError):
+        except BaseException as exc:
+            return self._send_failed(exc)
+        stats = self._stats
+        stats.datagram_sent_ok += 1  # a send and a datagram sent (Counters)
+        stats.datagram_bytes_sent += n
+        return True
+
+    def _send_failed(self, exc: BaseException) -> bool | None:
+        """A send that raised *exc*: False for EAGAIN (the datagram waits),
+        None after an OSError (to error_received, as stock's) or anything
+        else (fatal, with stock's text)."""
+        stats = self._stats
+        stats.datagram_send += 1
+        if isinstance(exc, (BlockingIOError, InterruptedError)):
             stats.datagram_send_eagain += 1
             return False
-        except OSError as exc:
+        if isinstance(exc, OSError):
             stats.datagram_errors += 1
             self._protocol.error_received(exc)
             return None
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal write error on datagram transport")
-            return None
-        stats.datagrams_sent += 1
-        stats.datagram_bytes_sent += n
-        return True
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise exc
+        self._fatal_error(exc, "Fatal write error on datagram transport")
+        return None
 
     # The writer TransportBase._watch_write registers.
     _write_ready = _sendto_ready
 
-    # -- closing ----------------------------------------------------------
+    # -- closing (close, abort: TransportBase's) ----------------------------
+    #
+    # With datagrams buffered, close() leaves the end to _sendto_ready, once
+    # the buffer has gone out.
 
-    def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._unwatch_for_good()  # never read again: the removal goes out now
-        if not self._buffer:
-            self._conn_lost += 1
-            self._unwatch_write()
-            self._call_soon(self._call_connection_lost, None)
-        # Otherwise _sendto_ready ends it once the buffer has gone out.
-
-    def abort(self) -> None:
-        self._force_close(None)
-
-    def _force_close(self, exc: BaseException | None) -> None:
-        if self._conn_lost:
-            return
-        if self._buffer:
-            self._buffer.clear()
-            self._unwatch_write()
+    def _drop_buffer(self) -> None:
+        self._buffer.clear()
         self._buffer_size = 0
-        if not self._closing:
-            self._closing = True
-            self._unwatch_for_good()
-        self._conn_lost += 1
-        self._call_soon(self._call_connection_lost, exc)
+
+    def _lost(self) -> None:
+        # EPOLLOUT off, as stock's close: a send that failed (error_received)
+        # may have left the writer registered over an empty buffer.
+        self._unwatch_write()
 
     def _call_connection_lost(self, exc: BaseException | None) -> None:
         try:

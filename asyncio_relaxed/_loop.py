@@ -29,9 +29,10 @@ from typing import Any
 
 from . import _compat, _slow, _startup
 from ._accept import ListenerStatistics, accept_queue_length
-from ._config import Config, DatagramMode, TlsMode, resolve
+from ._config import Config, DatagramMode, PipeMode, TlsMode, resolve
 from ._datagram import DatagramTransport
 from ._health import Health, HealthSnapshot
+from ._pipes import ReadPipeTransport, WritePipeTransport
 from ._poller import MISSING, DeferredSelector, default_backend
 from ._publish import Publisher
 from ._serving import Serving
@@ -378,6 +379,18 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         return DatagramTransport(self, sock, protocol, address, waiter, extra,
                                  shared=self._shared)
 
+    def _make_read_pipe_transport(self, pipe: Any, protocol: Any, waiter: Any = None,
+                                  extra: dict[str, Any] | None = None) -> Any:
+        if self._shared.config.pipe is not PipeMode.OWN:
+            return super()._make_read_pipe_transport(pipe, protocol, waiter, extra)
+        return ReadPipeTransport(self, pipe, protocol, waiter, extra, shared=self._shared)
+
+    def _make_write_pipe_transport(self, pipe: Any, protocol: Any, waiter: Any = None,
+                                   extra: dict[str, Any] | None = None) -> Any:
+        if self._shared.config.pipe is not PipeMode.OWN:
+            return super()._make_write_pipe_transport(pipe, protocol, waiter, extra)
+        return WritePipeTransport(self, pipe, protocol, waiter, extra, shared=self._shared)
+
     async def start_tls(
         self,
         transport: Any,
@@ -544,12 +557,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 timeout = 0
 
         # Phase: apply interest changes, then poll; the I/O handles join the
-        # ready queue in the kernel's order, as stock's _process_events adds
-        # them.  The poller's wait puts the reader of each input event on a
-        # transport's socket straight into the queue (ready_readers) and
-        # returns the other events as (fd, data, mask).  With time_metrics
-        # the poll first does not wait, and the clock is read only when that
-        # finds nothing and the loop may wait, or every 32nd iteration.
+        # ready queue as stock's _process_events adds them, in the kernel's
+        # order, except that the poller's wait puts the reader of each input
+        # event on a transport's socket straight into the queue
+        # (ready_readers) and returns the other events as (fd, data, mask),
+        # queued after those readers.  With time_metrics the poll first does
+        # not wait, and the clock is read only when that finds nothing and
+        # the loop may wait, or every 32nd iteration.
         selector = self._selector
         health = self._health
         if (type(selector).select is _POLLER_SELECT and not selector.replaced

@@ -12,8 +12,8 @@ import os
 import socket
 import sys
 
-__all__ = ["ACCEPTED_INHERIT_TCP_OPTIONS", "HAS_SENDMSG", "IOV_MAX", "SMALL_READ", "is_tcp",
-           "read_buffer", "set_options"]
+__all__ = ["ACCEPTED_INHERIT_TCP_OPTIONS", "C_CLOSE", "C_INIT", "C_NEW", "HAS_SENDMSG", "IOV_MAX",
+           "SMALL_READ", "is_tcp", "read_buffer", "set_options"]
 
 try:
     IOV_MAX: int = max(16, os.sysconf("SC_IOV_MAX"))
@@ -29,6 +29,16 @@ SMALL_READ = 64 * 1024
 # Linux copies TCP_NODELAY (and the keepalive options) from a listening socket
 # to the sockets accept() returns; checked with getsockopt in the tests.
 ACCEPTED_INHERIT_TCP_OPTIONS = sys.platform.startswith("linux")
+
+# socket.socket's constructor and close() are Python frames around the C
+# socket's; the accept path and a transport's end run their bodies with
+# these instead (the same code from 3.11 to 3.15 and on PyPy: creating is
+# C_NEW, C_INIT, then _io_refs = 0 and _closed = False; closing sets
+# _closed and calls C_CLOSE unless makefile() holds a reference).
+# tests/test_transport.py holds socket.socket's code to that.
+C_NEW = _socket.socket.__new__
+C_INIT = _socket.socket.__init__
+C_CLOSE = _socket.socket.close
 
 _TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 # The C socket's own attributes: socket.socket's family and type properties

@@ -52,21 +52,28 @@ COUNTERS: dict[str, str] = {
         "datagram reads and sends that failed with an OSError (ICMP errors such as "
         "ConnectionRefusedError, a refused send): each went to error_received"
     ),
+    "pipe_read": "readv calls on pipes (pipe=own: subprocesses, connect_read_pipe)",
+    "pipe_read_eagain": "pipe reads that found nothing to read",
+    "pipe_bytes_read": "bytes read from pipes",
+    "pipe_write": "write calls on pipes (pipe=own: subprocesses, connect_write_pipe)",
+    "pipe_write_eagain": "pipe writes that found the pipe full",
+    "pipe_bytes_written": "bytes the pipes took",
 }
 
 
 class Counters:
     """Mutable counters, one attribute per entry of :data:`COUNTERS`.
 
-    Plus two that the transport's hot paths count with one increment where
+    Plus three that the transports' hot paths count with one increment where
     two counters move (what the second increment would cost: docs/design.md,
     "Statistics"); :meth:`snapshot` adds each to
-    both: ``sent_at_once`` (a write() sent at once: a write and a send) and
+    both: ``sent_at_once`` (a write() sent at once: a write and a send),
     ``queued_at_once`` (a write() that queued its transport: a write and a
-    deferred write).
+    deferred write) and ``datagram_sent_ok`` (a datagram send the kernel
+    took: a send and a datagram sent).
     """
 
-    __slots__ = (*COUNTERS, "sent_at_once", "queued_at_once")
+    __slots__ = (*COUNTERS, "sent_at_once", "queued_at_once", "datagram_sent_ok")
 
     iterations: int
     events: int
@@ -98,8 +105,15 @@ class Counters:
     datagrams_sent: int
     datagram_bytes_sent: int
     datagram_errors: int
+    pipe_read: int
+    pipe_read_eagain: int
+    pipe_bytes_read: int
+    pipe_write: int
+    pipe_write_eagain: int
+    pipe_bytes_written: int
     sent_at_once: int
     queued_at_once: int
+    datagram_sent_ok: int
 
     def __init__(self) -> None:
         self.reset()
@@ -113,6 +127,8 @@ class Counters:
         counts["writes"] += self.sent_at_once + self.queued_at_once
         counts["send"] += self.sent_at_once
         counts["writes_deferred"] += self.queued_at_once
+        counts["datagram_send"] += self.datagram_sent_ok
+        counts["datagrams_sent"] += self.datagram_sent_ok
         return LoopStatistics(backend, **counts)
 
 
@@ -156,6 +172,12 @@ class LoopStatistics:
     datagrams_sent: int = 0
     datagram_bytes_sent: int = 0
     datagram_errors: int = 0
+    pipe_read: int = 0
+    pipe_read_eagain: int = 0
+    pipe_bytes_read: int = 0
+    pipe_write: int = 0
+    pipe_write_eagain: int = 0
+    pipe_bytes_written: int = 0
 
     @property
     def epoll_ctl(self) -> int:
@@ -164,8 +186,8 @@ class LoopStatistics:
 
     @property
     def syscalls(self) -> int:
-        """Poller, socket I/O (stream and datagram) and accept system calls
-        counted by the loop."""
+        """Poller, socket I/O (stream and datagram), pipe I/O and accept
+        system calls counted by the loop."""
         return (
             self.poll_waits
             + self.epoll_ctl
@@ -175,6 +197,8 @@ class LoopStatistics:
             + self.accept
             + self.datagram_recv
             + self.datagram_send
+            + self.pipe_read
+            + self.pipe_write
         )
 
     def as_dict(self) -> dict[str, int | str]:

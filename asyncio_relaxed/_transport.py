@@ -57,10 +57,12 @@ from typing import Any
 from . import _compat
 from ._basetransport import TransportBase
 from ._shared import TransportShared
-from ._sockets import HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
+from ._sockets import C_CLOSE, HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
 from ._writes import IDLE
 
 __all__ = ["SMALL_READ", "SocketTransport"]
+
+_SOCKET: Any = socket.socket
 
 # The write buffer of a transport that never had to buffer (see __init__).
 _NO_BUFFER: Any = ()
@@ -600,36 +602,17 @@ class SocketTransport(TransportBase):
         self._empty_waiter = None
         self._write_guard = self._eof or bool(self._conn_lost)
 
-    # -- closing ----------------------------------------------------------
+    # -- closing (close, abort: TransportBase's) ----------------------------
+    #
+    # With data buffered, close() leaves the end to the last flush or
+    # EPOLLOUT that empties the buffer (_write_done): data written before
+    # close() is delivered.
 
-    def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._unwatch_for_good()  # never read again: the removal goes out now, not lazily
-        if not self._buffer:
-            self._conn_lost += 1
-            self._lost()
-            self._call_soon(self._call_connection_lost, None)
-        # Otherwise the last flush or EPOLLOUT that empties the buffer calls
-        # _call_connection_lost: data written before close() is delivered.
-
-    def abort(self) -> None:
-        self._force_close(None)
-
-    def _force_close(self, exc: BaseException | None) -> None:
-        if self._conn_lost:
-            return
+    def _drop_buffer(self) -> None:
         if self._buffer:
             self._buffer.clear()
             self._buffer_size = 0
         self._shared.emptied(self)
-        if not self._closing:
-            self._closing = True
-            self._unwatch_for_good()
-        self._conn_lost += 1
-        self._lost()
-        self._call_soon(self._call_connection_lost, exc)
 
     def _lost(self) -> None:
         self._write_guard = True  # write() now checks _conn_lost
@@ -644,7 +627,14 @@ class SocketTransport(TransportBase):
     def _socket_lost(self) -> None:
         """The end: the socket closed, the transport out of its loop and server."""
         # close() or _force_close() released the fd: nothing is deferred.
-        self._sock.close()  # type: ignore[union-attr]
+        sock: Any = self._sock
+        if type(sock) is _SOCKET:
+            # socket.socket.close(), its body inline (_sockets.C_CLOSE).
+            sock._closed = True
+            if sock._io_refs <= 0:
+                C_CLOSE(sock)
+        else:
+            sock.close()
         self._sock = None
         self._protocol = None
         self._loop = None

@@ -60,10 +60,12 @@ class Family:
 _SYSCALLS = {"poll_waits": "poll", "epoll_ctl_add": "epoll_ctl_add",
              "epoll_ctl_mod": "epoll_ctl_mod", "epoll_ctl_del": "epoll_ctl_del",
              "recv": "recv", "send": "send", "sendmsg": "sendmsg", "accept": "accept",
-             "datagram_recv": "datagram_recv", "datagram_send": "datagram_send"}
+             "datagram_recv": "datagram_recv", "datagram_send": "datagram_send",
+             "pipe_read": "pipe_read", "pipe_write": "pipe_write"}
 _WOULD_BLOCK = {"recv_eagain": "recv", "send_eagain": "send", "accept_eagain": "accept",
                 "datagram_recv_eagain": "datagram_recv",
-                "datagram_send_eagain": "datagram_send"}
+                "datagram_send_eagain": "datagram_send",
+                "pipe_read_eagain": "pipe_read", "pipe_write_eagain": "pipe_write"}
 # The rest, each a counter of its own.
 _OWN = {"iterations": "iterations", "events": "io_events", "callbacks": "callbacks",
         "writes": "writes", "writes_deferred": "writes_deferred",
@@ -73,7 +75,8 @@ _OWN = {"iterations": "iterations", "events": "io_events", "callbacks": "callbac
         "datagrams_received": "datagrams_received",
         "datagram_bytes_received": "datagram_received_bytes",
         "datagrams_sent": "datagrams_sent", "datagram_bytes_sent": "datagram_sent_bytes",
-        "datagram_errors": "datagram_errors"}
+        "datagram_errors": "datagram_errors",
+        "pipe_bytes_read": "pipe_read_bytes", "pipe_bytes_written": "pipe_written_bytes"}
 assert set(_SYSCALLS) | set(_WOULD_BLOCK) | set(_OWN) == set(COUNTERS)
 
 _PREFIX = "asyncio_relaxed_"

@@ -370,7 +370,8 @@ def test_every_loop_of_the_table_runs_or_says_why() -> None:
             settings = loops.SPECS[name].settings
             if settings:
                 config = loops.settings_dict(loop.config)  # type: ignore[attr-defined]
-                assert {k: config[k] for k in settings} == dict(settings), name
+                # The preset's settings are strings, as in the environment.
+                assert {k: str(config[k]) for k in settings} == dict(settings), name
         finally:
             loop.close()
 
@@ -809,7 +810,7 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert "floor-tls-bio" not in WORKLOADS["https-0b"].loops
     tls_names = {n for n, w in WORKLOADS.items() if w.tls}
     assert tls_names == {"tls-echo-1k-c10", "tls-echo-64k-c10", "https-0b", "tls-churn",
-                         "starttls-echo-1k-c10"}
+                         "starttls-echo-1k-c10", "quic-10m"}
     assert not runner._fits(WORKLOADS["starttls-echo-1k-c10"], "floor-tls-bio")
     assert "floor-tls-bio" not in WORKLOADS["starttls-echo-1k-c10"].loops
     # By name only: the default set stays within its 4 minutes.
@@ -1034,6 +1035,234 @@ def test_a_loop_that_cannot_serve_is_noted_not_failed(monkeypatch: pytest.Monkey
     report.terminal(doc, out=lines.append)
     assert "  uvloop not run: uvloop.Loop: create_server(ssl=) raised NotImplementedError" in lines
     assert "- uvloop not run: " in report.markdown(doc, [])
+
+
+# -- datagrams (issue #32) -------------------------------------------------------------
+
+UDP_NAMES = ("udp-echo-64b-c10", "udp-echo-1k-c10", "udp-burst-1k")
+
+
+def test_the_udp_workloads_are_selected_by_their_pattern_not_by_default() -> None:
+    assert [w.name for w in runner.select(["udp-*"], full=False)] == list(UDP_NAMES)
+    assert not set(UDP_NAMES) & {w.name for w in runner.select(None, full=False)}
+    for name in UDP_NAMES:
+        w = WORKLOADS[name]
+        assert (w.server, w.client, w.unit, w.concurrency) == ("udp-echo", "udp", "datagram", 10)
+        assert w.loops == loops.UDP_LOOPS
+        assert w.params()["burst"] == w.burst
+    sizes = {name: (WORKLOADS[name].request, WORKLOADS[name].burst) for name in UDP_NAMES}
+    assert sizes == {"udp-echo-64b-c10": (64, 1), "udp-echo-1k-c10": (1024, 1),
+                     "udp-burst-1k": (1024, 32)}
+    # Every peer, both aiofastnet pairings (their own datagram transport),
+    # ours, stock's transport on ours, the UDP floor.
+    assert set(loops.UDP_LOOPS) >= {*loops.PEERS, *loops.TRANSPORT_PEERS, "relaxed-eager",
+                                   "relaxed-datagram-stock", "floor-udp"}
+    # The TCP workloads' parameters in the JSON are what they were.
+    assert "burst" not in WORKLOADS["echo-protocol-1k-c10"].params()
+    command = runner.client_command(WORKLOADS["udp-burst-1k"], 0.1, 0.2)
+    assert command[command.index("--burst") + 1] == "32"
+    assert "--burst" not in runner.client_command(WORKLOADS["echo-protocol-1k-c10"], 0.1, 0.2)
+
+
+def test_datagram_presets_come_with_the_settings_and_fit_udp_only() -> None:
+    import asyncio_relaxed
+
+    assert loops.datagram_presets({"write", "tls"}) == ()
+    (stock,) = loops.datagram_presets({"datagram"})
+    assert (stock.name, dict(stock.settings)) == ("relaxed-datagram-stock",
+                                                  {"datagram": "stock"})
+    presets = loops.datagram_presets({"datagram", "datagram_batch"})
+    assert [p.name for p in presets] == ["relaxed-datagram-stock", "relaxed-datagram-batch-1",
+                                         "relaxed-datagram-batch-8", "relaxed-datagram-batch-32",
+                                         "relaxed-datagram-batch-64"]
+    assert dict(presets[2].settings) == {"datagram": "own", "datagram_batch": "8"}
+    fields = {f.name for f in dataclasses.fields(asyncio_relaxed.Config)}
+    assert ("relaxed-datagram-batch-8" in loops.SPECS) is ("datagram_batch" in fields)
+    udp, tcp = WORKLOADS["udp-burst-1k"], WORKLOADS["echo-protocol-1k-c10"]
+    for name in ("relaxed-datagram-stock", "relaxed-datagram-batch-1", "floor-udp"):
+        if name in loops.SPECS:
+            assert runner._fits(udp, name) and not runner._fits(tcp, name), name
+    assert not runner._fits(udp, "floor") and not runner._fits(udp, "floor-tls-bio")
+    assert not runner._fits(udp, "relaxed-batch")  # an accept preset: no accept here
+    # Named on the command line, the batch presets join the UDP workloads only.
+    _, runs = runner.plan([udp, tcp], ["asyncio", "relaxed-datagram-batch-8"], None)
+    assert [(w.name, names) for w, names in runs] == [
+        ("udp-burst-1k", ["asyncio", "relaxed-datagram-batch-8"]),
+        ("echo-protocol-1k-c10", ["asyncio"])]
+
+
+def test_a_datagram_preset_makes_our_loop_with_its_settings() -> None:
+    for name, expected in (("relaxed-datagram-stock", ("stock", 32)),
+                           ("relaxed-datagram-batch-8", ("own", 8))):
+        if name not in loops.SPECS:
+            pytest.skip("this asyncio_relaxed has no datagram settings")
+        loop = loops.factory(name)()
+        try:
+            config = loops.settings_dict(loop.config)  # type: ignore[attr-defined]
+            assert (config["datagram"], config["datagram_batch"]) == expected, name
+        finally:
+            loop.close()
+
+
+def test_the_udp_client_counts_lost_and_late_echoes() -> None:
+    """A burst whose echoes do not all come back is ended by its timeout,
+    the missing ones counted lost (while counting); an echo of an earlier
+    burst is late, never counted as this burst's."""
+    from benchmarks.workloads import client
+
+    sent: list[bytes] = []
+
+    class Transport:
+        def sendto(self, data: bytes, addr: Any = None) -> None:
+            sent.append(data)
+
+        def close(self) -> None:
+            pass
+
+    async def scenario() -> tuple[client.Meter, client.UdpClient]:
+        meter = client.Meter()
+        meter.counting = True
+        udp = client.UdpClient(meter, 64, 3)
+        udp.connection_made(Transport())
+        first = sent[-1]
+        assert len(sent) == 3 and len(first) == 64 and first[:8] == (1).to_bytes(8, "little")
+        udp.datagram_received(first, None)
+        udp.datagram_received(first, None)
+        udp.timeout(udp.round)  # the third never came: lost, and burst 2 starts
+        assert (udp.lost, udp.round, len(sent)) == (1, 2, 6)
+        udp.datagram_received(first, None)  # burst 1's third, after all
+        assert udp.late == 1 and udp.pending == 3
+        for data in sent[3:]:
+            udp.datagram_received(data, None)
+        assert (udp.round, meter.requests, meter.units) == (3, 1, 5)
+        udp.timeout(2)  # burst 2's timer, cancelled, would change nothing
+        assert udp.lost == 1 and udp.round == 3
+        meter.stopping = True
+        for data in sent[6:]:
+            udp.datagram_received(data, None)
+        assert meter.active == 0 and udp.round == 3  # no burst after the stop
+        assert udp.timer is not None and udp.timer.cancelled()
+        return meter, udp
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    with pytest.raises(ValueError, match="8 bytes"):
+        client.UdpClient(client.Meter(), 4, 1)
+
+
+@pytest.mark.timeout(60)
+def test_udp_floor_echoes_every_datagram_to_its_sender() -> None:
+    """2,000 distinct datagrams from two sockets, sent before any is read:
+    each comes back, unchanged, to the socket that sent it."""
+    import socket
+
+    with subprocess.Popen([sys.executable, "-m", "benchmarks.workloads.server", "--kind",
+                           "udp-echo", "--loop", "floor-udp"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, cwd=processes.ROOT) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        try:
+            listening = json.loads(proc.stdout.readline())
+            assert listening["loop"] == "floor-udp"
+            senders = []
+            for _ in range(2):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                sock.connect(("127.0.0.1", listening["listening"]))
+                sock.settimeout(10)
+                senders.append(sock)
+            sent: list[set[bytes]] = [set(), set()]
+            for i in range(2000):
+                data = i.to_bytes(4, "big") * (1 + i % 300)
+                senders[i % 2].send(data)
+                sent[i % 2].add(data)
+            for sock, expected in zip(senders, sent, strict=True):
+                got = {sock.recv(2048) for _ in expected}
+                assert got == expected
+                sock.close()
+            proc.stdin.write("mark\n")
+            proc.stdin.flush()
+            mark = json.loads(proc.stdout.readline())
+            assert mark["cpu"] > 0 and mark["minflt"] > 0
+            proc.stdin.close()
+            assert proc.wait(timeout=10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_a_loop_without_datagram_endpoints_is_unsupported(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.workloads import server
+
+    class NoDatagrams(asyncio.SelectorEventLoop):
+        async def create_datagram_endpoint(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("no UDP here")
+
+    loop = NoDatagrams()
+    try:
+        loop.run_until_complete(server.serve_udp(loop))
+    finally:
+        loop.close()
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["unsupported"].endswith(
+        "NoDatagrams: create_datagram_endpoint() raised NotImplementedError: no UDP here")
+
+
+def test_the_quic_workload_needs_aioquic_and_runs_by_name() -> None:
+    w = WORKLOADS["quic-10m"]
+    assert (w.server, w.client, w.unit, w.request, w.tls) == ("quic", "quic", "MiB", 10 << 20,
+                                                              True)
+    assert "aioquic" in w.needs and not any(loops.SPECS[n].kind == "floor" for n in w.loops)
+    assert {"asyncio", "uvloop", "relaxed-eager", *loops.TRANSPORT_PEERS} <= set(w.loops)
+    assert [x.name for x in runner.select(["quic-*"], full=False)] == ["quic-10m"]
+    assert "quic-10m" not in {x.name for x in runner.select(None, full=False)}
+    assert "quic-10m" not in {x.name for x in runner.select(["udp-*"], full=False)}
+    gone = dataclasses.replace(w, needs=("aioquic-not-installed-here",))
+    assert catalog.missing(gone) == ("quic-10m needs aioquic-not-installed-here, which is not "
+                                     "installed (pip install 'aioquic-not-installed-here')")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(120)
+def test_smoke_quic(tmp_path: Path, tls_dir: Path) -> None:
+    """The QUIC workload on stock and ours, where aioquic is installed."""
+    w = WORKLOADS["quic-10m"]
+    why = catalog.missing(w)
+    if why:
+        pytest.skip(why)
+    entry = _smoke(w, ["asyncio", "relaxed-eager"], tmp_path)
+    for data in entry["loops"].values():
+        assert data["median"]["gbit_s"] > 0 and data["median"]["cpu_us_per_unit"] > 0
+        assert data["client"].endswith("aioquic")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", UDP_NAMES)
+def test_smoke_udp_workloads(name: str, tmp_path: Path) -> None:
+    """Each UDP workload on stock, ours, stock's transport on ours and the
+    floor: nothing lost, a datagram per unit, our transport's batches
+    counted by its statistics (stock's transport on ours reads none)."""
+    names = ["asyncio", "relaxed-eager", "floor-udp"]
+    if "relaxed-datagram-stock" in loops.SPECS:
+        names.append("relaxed-datagram-stock")
+    entry = _smoke(WORKLOADS[name], names, tmp_path)
+    assert entry["unit"] == "datagram"
+    for loop_name, data in entry["loops"].items():
+        (sample,) = data["samples"]
+        assert sample["lost"] == 0, loop_name
+        assert sample["rate"] > 0 and sample["cpu_us_per_unit"] > 0, loop_name
+        assert sample["bursts"] > 0, loop_name
+        assert sample["faults_per_unit"] >= 0, loop_name
+    ours = entry["loops"]["relaxed-eager"]["median"]
+    assert 0 < ours["datagram_read_events_per_unit"] <= 1.0
+    assert ours["datagram_recv_per_unit"] >= 1.0  # each datagram read once, plus EAGAINs
+    if "relaxed-datagram-stock" in entry["loops"]:
+        assert entry["loops"]["relaxed-datagram-stock"]["median"][
+            "datagram_read_events_per_unit"] == 0
 
 
 # -- instructions per request (callgrind) ---------------------------------------------

@@ -21,6 +21,7 @@ from asyncio_relaxed._config import (
     Config,
     DatagramMode,
     PartialWrite,
+    PipeMode,
     Poller,
     TlsMode,
     WriteMode,
@@ -46,6 +47,7 @@ DEFAULTS = {
     "tls": TlsMode.OWN,
     "datagram": DatagramMode.OWN,
     "datagram_batch": 32,
+    "pipe": PipeMode.OWN,
     "stats_dir": "",
     "read_size": 256 * 1024,
 }
@@ -67,6 +69,7 @@ ENV_NAMES = {
     "tls": "ASYNCIO_RELAXED_TLS",
     "datagram": "ASYNCIO_RELAXED_DATAGRAM",
     "datagram_batch": "ASYNCIO_RELAXED_DATAGRAM_BATCH",
+    "pipe": "ASYNCIO_RELAXED_PIPE",
     "stats_dir": "ASYNCIO_RELAXED_STATS_DIR",
     "read_size": "ASYNCIO_RELAXED_READ_SIZE",
 }
@@ -89,6 +92,7 @@ NON_DEFAULT = {
     "tls": ("stock", TlsMode.STOCK),
     "datagram": ("Stock", DatagramMode.STOCK),
     "datagram_batch": ("1", 1),
+    "pipe": ("STOCK", PipeMode.STOCK),
     # A directory that exists wherever the suite runs (this file's own).
     "stats_dir": (str(pathlib.Path(__file__).parent), str(pathlib.Path(__file__).parent)),
     "read_size": ("2048", 2048),
@@ -111,6 +115,7 @@ ALLOWED = {
     "tls": "own|stock",
     "datagram": "own|stock",
     "datagram_batch": "an integer from 1 to 1024",
+    "pipe": "own|stock",
     "stats_dir": "an existing directory this process can write (create it first), or empty "
                  "to publish nothing",
     "read_size": "an integer from 1024 to 16777216",
@@ -151,6 +156,7 @@ BAD_VALUES = [
     ("datagram_batch", 0),
     ("datagram_batch", "1025"),
     ("datagram_batch", True),
+    ("pipe", "os"),
     ("slow_callback", "-0.1"),
     ("slow_callback", "3601"),
     ("slow_callback", "nan"),
@@ -421,6 +427,7 @@ def test_describe_has_a_row_per_field() -> None:
         "tls": "mode",
         "datagram": "mode",
         "datagram_batch": "datagrams",
+        "pipe": "mode",
         "slow_callback": "seconds",
         "stats_dir": "directory",
         "read_size": "bytes",

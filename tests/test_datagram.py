@@ -634,6 +634,33 @@ def test_a_failing_callback_is_the_readers_error(dloop: asyncio.AbstractEventLoo
     assert context["message"].endswith("._read_ready()")
 
 
+async def _fatal_send(loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """A send whose socket call raises what is not an OSError (an address
+    whose port is not a number): fatal, reported and the endpoint lost."""
+    contexts: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: contexts.append(context))
+    transport, protocol = await _endpoint(loop, local_addr=(LOCAL, 0))
+    transport.sendto(b"x", (LOCAL, "no port"))
+    exc = await protocol.lost
+    return [type(exc).__name__, transport.is_closing(),
+            [(c["message"], type(c["exception"]).__name__, c["transport"] is transport)
+             for c in contexts]]
+
+
+def test_a_send_that_fails_otherwise_is_fatal_as_on_stock(
+        dloop: asyncio.AbstractEventLoop) -> None:
+    stock = asyncio.SelectorEventLoop()
+    try:
+        expected = stock.run_until_complete(asyncio.wait_for(_fatal_send(stock), 10))
+    finally:
+        stock.close()
+    asyncio.set_event_loop(dloop)
+    got = run(dloop, _fatal_send(dloop))
+    assert got == expected
+    assert got == ["TypeError", True,
+                   [("Fatal write error on datagram transport", "TypeError", True)]]
+
+
 # -- reuse_port and allow_broadcast ----------------------------------------------------
 
 #: Senders of the reuse_port test, each its own socket (its own source port):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+from typing import Any
 
 import pytest
 
@@ -146,7 +147,8 @@ def test_written_connection_keeps_no_write_buffer(write: str) -> None:
 
 def test_accepted_peers_share_their_host_string() -> None:
     """Connections from one host share its address string (a server behind a
-    proxy sees few hosts); the address still reads the same."""
+    proxy sees few hosts), connections to one listener address their local
+    address; the addresses still read the same."""
 
     async def main() -> None:
         made: list[Idle] = []
@@ -159,6 +161,9 @@ def test_accepted_peers_share_their_host_string() -> None:
             peers = [p.transport.get_extra_info("peername") for p in made]
             assert sorted(peers) == sorted(c.getsockname() for c in clients)
             assert peers[0][0] is peers[1][0]
+            locals_ = [p.transport.get_extra_info("sockname") for p in made]
+            assert locals_[0] == locals_[1] == clients[0].getpeername()
+            assert locals_[0] is locals_[1]
         finally:
             for sock in clients:
                 sock.close()
@@ -170,3 +175,14 @@ def test_accepted_peers_share_their_host_string() -> None:
         run(loop, main())
     finally:
         loop.close()
+
+
+def test_the_address_caches_start_over_at_their_cap() -> None:
+    from asyncio_relaxed import _basetransport
+
+    cache: dict[Any, Any] = {}
+    for n in range(_basetransport.SHARED_MAX):
+        _basetransport._remember(cache, n)
+    assert len(cache) == _basetransport.SHARED_MAX
+    _basetransport._remember(cache, "next")
+    assert cache == {"next": "next"}

@@ -24,7 +24,7 @@ def _distinct(counters: Counters) -> dict[str, int]:
 
 def test_counter_table_has_descriptions() -> None:
     """Every counter has a non-empty description and the key ones exist."""
-    assert len(NAMES) == len(set(NAMES)) == 30
+    assert len(NAMES) == len(set(NAMES)) == 36
     for required in (
         "events",
         "poll_waits",
@@ -47,10 +47,10 @@ def test_counters_start_at_zero() -> None:
 
 
 def test_counters_are_slots_without_dict() -> None:
-    """Counters has one slot per counter (and the two internal sums) and no
+    """Counters has one slot per counter (and the three internal sums) and no
     __dict__, so typos fail."""
     counters = Counters()
-    assert Counters.__slots__ == (*NAMES, "sent_at_once", "queued_at_once")
+    assert Counters.__slots__ == (*NAMES, "sent_at_once", "queued_at_once", "datagram_sent_ok")
     assert not hasattr(counters, "__dict__")
     with pytest.raises(AttributeError):
         counters.poll_wait = 1  # type: ignore[attr-defined]
@@ -76,6 +76,17 @@ def test_queued_at_once_counts_one_write_and_one_deferred_write() -> None:
     assert (snap.writes, snap.writes_deferred, snap.send, snap.syscalls) == (7, 8, 0, 0)
     counters.reset()
     assert counters.queued_at_once == 0
+
+
+def test_datagram_sent_ok_counts_one_send_and_one_datagram_sent() -> None:
+    """A datagram the kernel took counts in one slot; the snapshot shows it
+    as a send (a system call) and as a datagram sent."""
+    counters = Counters()
+    counters.datagram_send, counters.datagrams_sent, counters.datagram_sent_ok = 2, 3, 5
+    snap = counters.snapshot("epoll")
+    assert (snap.datagram_send, snap.datagrams_sent, snap.syscalls) == (7, 8, 7)
+    counters.reset()
+    assert counters.datagram_sent_ok == 0
 
 
 def test_reset_zeroes_every_counter() -> None:
@@ -159,7 +170,7 @@ def test_epoll_ctl_sums_add_mod_del() -> None:
 
 def test_syscalls_sums_exactly_the_documented_counters() -> None:
     """syscalls = poll_waits + epoll_ctl + recv + send + sendmsg + accept
-    + datagram_recv + datagram_send, nothing else."""
+    + datagram_recv + datagram_send + pipe_read + pipe_write, nothing else."""
     counters = Counters()
     values = _distinct(counters)
     included = (
@@ -173,6 +184,8 @@ def test_syscalls_sums_exactly_the_documented_counters() -> None:
         "accept",
         "datagram_recv",
         "datagram_send",
+        "pipe_read",
+        "pipe_write",
     )
     # Distinct powers of two: the sum identifies exactly which counters are in it.
     assert counters.snapshot("epoll").syscalls == sum(values[name] for name in included)

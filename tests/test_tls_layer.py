@@ -14,10 +14,12 @@ item 4).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import socket
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -275,9 +277,9 @@ DEBUG_FORMATS = {"%r starts SSL handshake", "%r: SSL handshake took %.1f ms",
                  "%r received EOF", "%r: %s"}
 
 
-async def debug_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
-    """In debug mode each side logs its handshake's start and its length,
-    and the byte stream's EOF."""
+@contextlib.contextmanager
+def asyncio_debug_formats() -> Iterator[list[str]]:
+    """The format strings asyncio's logger gets meanwhile, at DEBUG level."""
     formats: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: formats.append(str(record.msg))  # type: ignore[method-assign]
@@ -285,25 +287,34 @@ async def debug_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     level = log.level
     log.setLevel(logging.DEBUG)
     log.addHandler(handler)
-    loop.set_debug(True)
     try:
-        listener = _listener()
-
-        def after(conn: Any, obj: Any, outgoing: Any) -> str:
-            conn.shutdown(socket.SHUT_WR)  # EOF without close_notify
-            conn.recv(65536)
-            conn.close()
-            return "eof"
-
-        thread, result = _bio_peer(files, listener, after)
-        _, client = await _connect(loop, listener, files)
-        exc = await client.lost
-        await loop.run_in_executor(None, thread.join)
-        listener.close()
+        yield formats
     finally:
-        loop.set_debug(False)
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+async def debug_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """In debug mode each side logs its handshake's start and its length,
+    and the byte stream's EOF."""
+    loop.set_debug(True)
+    try:
+        with asyncio_debug_formats() as formats:
+            listener = _listener()
+
+            def after(conn: Any, obj: Any, outgoing: Any) -> str:
+                conn.shutdown(socket.SHUT_WR)  # EOF without close_notify
+                conn.recv(65536)
+                conn.close()
+                return "eof"
+
+            thread, result = _bio_peer(files, listener, after)
+            _, client = await _connect(loop, listener, files)
+            exc = await client.lost
+            await loop.run_in_executor(None, thread.join)
+            listener.close()
+    finally:
+        loop.set_debug(False)
     return (sorted(f for f in formats if f in DEBUG_FORMATS), client.calls,
             type(exc).__name__ if exc else None, result)
 
@@ -384,3 +395,35 @@ def test_the_write_backlog(tls_files: TlsFiles) -> None:
     assert size_after == 0
 
 
+
+
+async def quiet_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """Outside debug mode nothing of the handshake is logged, even with
+    asyncio's logger at DEBUG."""
+    with asyncio_debug_formats() as formats:
+        server, transport, client, peer = await pair(loop, files)
+        await close_pair(server, transport, peer)
+    return sorted(f for f in formats if f in DEBUG_FORMATS), client.calls
+
+
+def test_no_debug_log_outside_debug_mode(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(quiet_log, tls_files)
+    assert seen == ([], ["made", "eof", "lost"])
+    assert handled == []
+
+
+async def timers_left(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """Once the handshake is done neither side keeps its handshake timer
+    scheduled (stock cancels it: a cancelled timer is no longer live)."""
+    server, transport, _, peer = await pair(loop, files)
+    live = [handle for handle in loop._scheduled  # type: ignore[attr-defined]
+            if not handle.cancelled()
+            and getattr(handle._callback, "__name__", "") == "_check_handshake_timeout"]
+    await close_pair(server, transport, peer)
+    return len(live)
+
+
+def test_the_handshake_timer_goes_with_the_handshake(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(timers_left, tls_files)
+    assert seen == 0
+    assert handled == []

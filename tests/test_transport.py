@@ -170,3 +170,116 @@ def test_is_tcp_reads_wrapped_listeners() -> None:
         assert _sockets.is_tcp(tcp) and _sockets.is_tcp(Wrapper(tcp))
         assert not _sockets.is_tcp(unix) and not _sockets.is_tcp(Wrapper(unix))
         assert not _sockets.is_tcp(udp)
+
+
+# What TransportBase.__init__ does in place of FlowControlMixin.__init__ and
+# BaseTransport.__init__ (their bodies, as every supported Python has them).
+_STOCK_BASE_INITS = {
+    "BaseTransport": ["if extra is None:", "extra = {}", "self._extra = extra"],
+    "_FlowControlMixin": ["super().__init__(extra)", "assert loop is not None",
+                          "self._loop = loop", "self._protocol_paused = False",
+                          "self._set_write_buffer_limits()"],
+}
+
+
+def test_the_base_classes_inits_are_the_ones_inlined() -> None:
+    """A Python whose transport base classes set more than these lines
+    fails here: TransportBase.__init__ must then do that too."""
+    import inspect
+    from asyncio import transports
+
+    for name, lines in _STOCK_BASE_INITS.items():
+        source = inspect.getsource(getattr(transports, name).__init__)
+        body = [line.strip() for line in source.splitlines()[1:]]
+        body = [line for line in body if line and not line.startswith(("#", '"""'))]
+        assert body == lines, (name, body)
+
+
+def test_a_transport_starts_with_what_the_base_inits_set() -> None:
+    from asyncio import transports
+
+    class Stock(transports._FlowControlMixin):
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    loop = asyncio_relaxed.Loop()
+    a, b = socket.socketpair()
+    try:
+        async def main() -> None:
+            transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, a)
+            stock = Stock(None, loop)
+            assert transport._loop is stock._loop is loop
+            assert transport._protocol_paused is stock._protocol_paused is False
+            assert transport.get_write_buffer_limits() == stock.get_write_buffer_limits()
+            assert transport.get_extra_info("nothing", 7) == 7
+            assert transport._extra["peername"] == a.getpeername()
+            transport.close()
+
+        run(loop, main())
+    finally:
+        b.close()
+        loop.close()
+
+
+def _body(function: Any) -> list[str]:
+    """A function's lines past its signature, stripped, without comments
+    and docstrings."""
+    import inspect
+
+    source = inspect.getsource(function).splitlines()[1:]
+    lines = [line.strip() for line in source]
+    return [line for line in lines if line and not line.startswith(("#", '"""'))]
+
+
+def test_socket_socket_does_what_the_inlined_bodies_do() -> None:
+    """The accept path makes a socket.socket as its __init__ does and a
+    transport closes it as its close() does (asyncio_relaxed._sockets.C_NEW):
+    a Python whose socket.socket does more fails here."""
+    assert _body(socket.socket.__init__)[-3:] == [
+        "_socket.socket.__init__(self, family, type, proto, fileno)",
+        "self._io_refs = 0", "self._closed = False"]
+    assert _body(socket.socket.close) == [
+        "self._closed = True", "if self._io_refs <= 0:", "self._real_close()"]
+    assert _body(socket.socket._real_close) == ["_ss.close(self)"]
+    assert socket.socket.__slots__ == ["__weakref__", "_io_refs", "_closed"]
+
+
+def test_an_accepted_socket_is_a_whole_socket_and_closes_as_one() -> None:
+    """What the accept path made: family, type, proto, timeout and the
+    Python fields as socket.socket's constructor sets them; makefile()
+    still holds the descriptor open past the transport's close, and
+    closing the file then closes it."""
+    loop = asyncio_relaxed.Loop()
+    seen: list[Any] = []
+
+    class Keep(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            conn = transport.get_extra_info("socket")._sock
+            seen.append((conn, conn.makefile("rb")))
+            transport.close()
+
+    async def main() -> None:
+        server = await loop.create_server(Keep, "127.0.0.1", 0)
+        listener = server.sockets[0]
+        with socket.create_connection(listener.getsockname()) as client:
+            while not seen:
+                await asyncio.sleep(0)
+            conn, file = seen[0]
+            assert type(conn) is socket.socket
+            assert (conn.family, conn.type, conn.proto) == (
+                listener.family, listener.type, listener.proto)
+            assert conn.gettimeout() == 0.0
+            assert conn._io_refs == 1 and not conn._closed
+            for _ in range(3):
+                await asyncio.sleep(0)  # connection_lost: the transport closed it
+            assert conn._closed and conn.fileno() >= 0  # makefile()'s reference
+            file.close()
+            assert conn.fileno() == -1
+            assert client.recv(1) == b""
+        server.close()
+        await server.wait_closed()
+
+    try:
+        run(loop, main())
+    finally:
+        loop.close()

@@ -10,7 +10,8 @@ accept strategy.  Only the public API of asyncio_relaxed is used.
 Selections of the table: :data:`PEERS` (the loops we are measured against),
 :data:`IO_LOOPS` and :data:`ACCEPT_LOOPS` (the benchmarks' workloads),
 :data:`SUITE_LOOPS` (the tests' behaviour suite), :data:`TLS_LOOPS` (the TLS
-workloads) and :data:`EVENT_LOOPS` (every name that makes an event loop).
+workloads), :data:`UDP_LOOPS` (the UDP workloads) and :data:`EVENT_LOOPS`
+(every name that makes an event loop).
 The floors (kind ``floor``) are servers without an event loop, each serving
 the workloads of :attr:`LoopSpec.serves` (benchmarks.workloads.floors).
 
@@ -102,6 +103,9 @@ SPECS: dict[str, LoopSpec] = {
         LoopSpec("floor-tls-socket", "floor",
                  about="no event loop: epoll + a non-blocking ssl.SSLSocket; the TLS echo "
                        "workloads only", serves=("echo-protocol+tls",)),
+        LoopSpec("floor-udp", "floor",
+                 about="no event loop: epoll, recvfrom_into one buffer until EAGAIN, sendto; "
+                       "the UDP echo workloads only", serves=("udp-echo",)),
             )
 }
 
@@ -120,6 +124,32 @@ def tls_presets(fields: object) -> tuple[LoopSpec, ...]:
 
 
 SPECS.update((s.name, s) for s in tls_presets(
+    {f.name for f in dataclasses.fields(asyncio_relaxed.Config)}))
+
+#: The ``datagram_batch`` values the UDP workloads compare (libuv reads 32
+#: per event, our default when the presets were made).
+DATAGRAM_BATCHES = (1, 8, 32, 64)
+
+
+def datagram_presets(fields: object) -> tuple[LoopSpec, ...]:
+    """The presets of asyncio_relaxed's ``datagram`` setting, when *fields*
+    (the names of :class:`asyncio_relaxed.Config`'s fields) has it:
+    ``relaxed-datagram-stock`` (stock's datagram transport on our loop) and,
+    with ``datagram_batch``, ``relaxed-datagram-batch-N`` (our transport
+    reading at most N datagrams per readiness event); none before."""
+    if "datagram" not in fields:  # type: ignore[operator]
+        return ()
+    out = [LoopSpec("relaxed-datagram-stock", "relaxed", {"datagram": "stock"},
+                    "stock's datagram transport on asyncio_relaxed's loop")]
+    if "datagram_batch" in fields:  # type: ignore[operator]
+        out += [LoopSpec(f"relaxed-datagram-batch-{n}", "relaxed",
+                         {"datagram": "own", "datagram_batch": str(n)},
+                         f"asyncio_relaxed's datagram transport, at most {n} per event")
+                for n in DATAGRAM_BATCHES]
+    return tuple(out)
+
+
+SPECS.update((s.name, s) for s in datagram_presets(
     {f.name for f in dataclasses.fields(asyncio_relaxed.Config)}))
 
 #: The loops we are measured against.
@@ -141,6 +171,13 @@ SUITE_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-eager-feed", "rela
 TLS_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
              *(n for n in SPECS if n.startswith("relaxed-tls-")), "floor-tls-bio",
              "floor-tls-socket")
+#: The loops of the UDP workloads: the peers, the aiofastnet pairings
+#: (aiofastnet patches create_datagram_endpoint with its own Cython
+#: datagram transport), our default settings, stock's datagram transport on
+#: our loop where the setting exists, and the UDP floor.  The
+#: ``relaxed-datagram-batch-N`` presets run where named (``--loops``).
+UDP_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
+             *(n for n in SPECS if n == "relaxed-datagram-stock"), "floor-udp")
 #: Every name that makes an event loop (the floors do not).
 EVENT_LOOPS = tuple(name for name, spec in SPECS.items() if spec.kind != "floor")
 

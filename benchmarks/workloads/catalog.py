@@ -12,11 +12,14 @@ about 4.5 s per workload (one run of the default set on CPython 3.15.2 took
 3 min 47 s, docs/benchmarks.md).  Where each workload comes from
 (docs/benchmarks.md): vmbench's echo servers, HAProxy's 0 B / 4 KiB HTTP
 test, node's tcp-raw-pipe, libuv's accept fairness, TechEmpower's plaintext
-test (uvicorn), wrk2's constant-rate load (open loop), and the TLS echo behind create_server(ssl=).
+test (uvicorn), wrk2's constant-rate load (open loop), the TLS echo behind
+create_server(ssl=), and a UDP echo (create_datagram_endpoint) in single
+datagrams and in QUIC's bursts.
 
 The TLS workloads (``tls-*``, ``https-0b``) run by name only: at about
 4.5 s per loop, the TLS echo on the six loops of the default set would add
-about 27 s and take the default set past its 4 minutes.
+about 27 s and take the default set past its 4 minutes.  So do the UDP
+workloads (``udp-*``), for the same reason.
 
 A workload that needs a package the suite does not (uvicorn, httptools)
 names it in ``needs``; where it is missing, :func:`missing` says so and the
@@ -37,6 +40,7 @@ from benchmarks.harness.loops import (
     SPECS,
     TLS_LOOPS,
     TRANSPORT_PEERS,
+    UDP_LOOPS,
 )
 from benchmarks.workloads.fairness import MODES, PLACEMENTS
 
@@ -90,6 +94,9 @@ class Workload:
     #: With tls: reached by start_tls after a plain exchange, the server and
     #: the client with --starttls instead of --tls.
     starttls: bool = False
+    #: udp client only: datagrams each client sends at a time before it
+    #: waits for all their echoes.
+    burst: int = 1
 
     @property
     def serves(self) -> str:
@@ -101,6 +108,8 @@ class Workload:
         fields = dataclasses.asdict(self)
         for key in ("name", "about", "loops", "default_loops", "syscalls", "needs"):
             fields.pop(key)
+        if self.client != "udp":
+            fields.pop("burst")  # the TCP workloads' parameters as they were
         return fields
 
     @property
@@ -205,6 +214,31 @@ def _tls() -> list[Workload]:
     ]
 
 
+def _udp() -> list[Workload]:
+    """Issue #32's datagram workloads: a UDP echo server
+    (create_datagram_endpoint) under 10 clients, each with its own
+    connected socket; the figure is server CPU per datagram echoed.
+    ``udp-burst-1k`` is QUIC's shape: a flight of 32 datagrams, then the
+    wait for their answers.  By name only (``--workloads 'udp-*'``)."""
+    return [
+        Workload("udp-echo-64b-c10", "UDP echo, 64 B datagrams, 10 clients, one datagram "
+                 "in flight each", "udp-echo", "udp", 10, 64, 64, unit="datagram",
+                 loops=UDP_LOOPS),
+        Workload("udp-echo-1k-c10", "UDP echo, 1 KiB datagrams, 10 clients, one datagram "
+                 "in flight each", "udp-echo", "udp", 10, 1 * KiB, 1 * KiB, unit="datagram",
+                 loops=UDP_LOOPS),
+        Workload("udp-burst-1k", "UDP echo, 10 clients each sending 32 datagrams of 1 KiB "
+                 "at a time and waiting for the 32 echoes (QUIC's shape)", "udp-echo", "udp",
+                 10, 1 * KiB, 1 * KiB, unit="datagram", loops=UDP_LOOPS, burst=32),
+        # aioquic (QUIC and TLS 1.3 in Python) over each loop's datagram
+        # endpoint (benchmarks.workloads.quic); no floor serves it.
+        Workload("quic-10m", "QUIC (aioquic): one connection, 10 MiB streams one at a time, "
+                 "the server counts them", "quic", "quic", 1, 10 * MiB, 2, unit="MiB",
+                 loops=tuple(n for n in UDP_LOOPS if SPECS[n].kind != "floor"), tls=True,
+                 needs=("aioquic", "trustme")),
+    ]
+
+
 #: The ``needs`` that pyproject.toml's bench extra leaves out off CPython:
 #: no wheel for PyPy 8.0's ABI for httptools, nor for the cryptography that
 #: trustme needs.
@@ -274,5 +308,6 @@ WORKLOADS: dict[str, Workload] = {
                  "echo-protocol", "idle", 10000, unit="connection"),
         *_fairness(),
         *_tls(),
+        *_udp(),
     )
 }

@@ -22,7 +22,18 @@ Kinds of load:
 - ``idle``: opens ``--concurrency`` connections, makes one round trip on each
   (so the server has built every transport) and holds them until ``go``;
 - ``fairness``: the fairness workloads' clients (benchmarks.workloads.fairness,
-  whose parent starts this with ``--mode``).
+  whose parent starts this with ``--mode``);
+- ``quic``: one aioquic connection sending ``--request``-byte streams one
+  at a time (benchmarks.workloads.quic), in MiB;
+- ``udp``: ``--concurrency`` datagram endpoints, each on its own connected
+  UDP socket (4 MiB buffers, benchmarks.workloads.floors.udp_socket), each
+  sending ``--burst`` datagrams of ``--request`` bytes at a time and
+  waiting for all their echoes, then the next burst; the count is of
+  datagrams echoed, the latency of whole bursts.  A burst whose echoes do
+  not all come back within :data:`LOSS_TIMEOUT` counts the missing ones as
+  ``lost`` (in the result) and the next burst starts; an echo of an earlier
+  burst (each datagram starts with its burst's number) counts as ``late``
+  and is not counted.
 
 ``--tls`` makes every connection of ``echo``, ``http``, ``churn`` and
 ``idle`` over TLS 1.3 (benchmarks.harness.tls), in the client loop's own TLS
@@ -47,10 +58,13 @@ from benchmarks.workloads import fairness
 from benchmarks.workloads.control import finish, raise_fd_limit
 from benchmarks.workloads.server import STARTTLS, STARTTLS_OK
 
-KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness")
-TLS_KINDS = ("echo", "http", "churn", "idle")
+KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness", "udp", "quic")
+TLS_KINDS = ("echo", "http", "churn", "idle", "quic")
 STARTTLS_KINDS = ("echo",)
 MiB = 1 << 20
+#: Seconds a UDP client waits for a burst's echoes before it counts the
+#: missing ones as lost (loopback answers in well under a millisecond).
+LOSS_TIMEOUT = 0.2
 
 
 class Meter:
@@ -192,6 +206,87 @@ class PipeClient(asyncio.Protocol):
             self.drained.set_result(None)
 
 
+class UdpClient(asyncio.DatagramProtocol):
+    """One connected UDP socket: a burst of datagrams, all their echoes, again."""
+
+    def __init__(self, meter: Meter, size: int, burst: int) -> None:
+        if size < 8:
+            raise ValueError(f"a UDP request carries its burst's number in 8 bytes, not {size}")
+        self.meter = meter
+        self.body = b"u" * (size - 8)
+        self.burst = burst
+        self.round = 0
+        self.tag = b""
+        self.pending = 0
+        self.lost = 0
+        self.late = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.meter.active += 1
+        self.send()
+
+    def send(self) -> None:
+        self.round += 1
+        self.tag = self.round.to_bytes(8, "little")
+        data = self.tag + self.body
+        self.pending = self.burst
+        self.started = time.perf_counter()
+        sendto = self.transport.sendto
+        for _ in range(self.burst):
+            sendto(data)
+        self.timer = self.loop.call_later(LOSS_TIMEOUT, self.timeout, self.round)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        if data[:8] != self.tag or not self.pending:
+            self.late += 1
+            return
+        self.pending -= 1
+        if self.meter.counting:
+            self.meter.units += 1
+        if self.pending:
+            return
+        assert self.timer is not None
+        self.timer.cancel()
+        self.meter.done(self.started)
+        self.next()
+
+    def timeout(self, round_: int) -> None:
+        if round_ != self.round or not self.pending:
+            return
+        if self.meter.counting:
+            self.lost += self.pending
+        self.pending = 0
+        self.next()
+
+    def next(self) -> None:
+        if self.meter.stopping:
+            self.transport.close()
+            self.meter.leave()
+        else:
+            self.send()
+
+    def error_received(self, exc: Exception) -> None:
+        pass  # the burst's timeout counts what it cost
+
+
+async def udp_clients(meter: Meter, args: argparse.Namespace) -> list[UdpClient]:
+    """The ``udp`` kind's endpoints, each sending its first burst."""
+    from benchmarks.workloads.floors import udp_socket
+
+    loop = asyncio.get_running_loop()
+    out = []
+    for _ in range(args.concurrency):
+        sock = udp_socket()
+        sock.connect(("127.0.0.1", args.port))
+        _, proto = await loop.create_datagram_endpoint(
+            lambda: UdpClient(meter, args.request, args.burst), sock=sock)
+        out.append(proto)
+    return out
+
+
 def _returns(protocol: asyncio.Protocol) -> Any:
     return lambda: protocol
 
@@ -268,6 +363,14 @@ async def wait_for_go() -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
+    if args.kind == "quic":
+        from benchmarks.workloads import quic
+
+        def ready() -> None:
+            print(json.dumps({"ready": True, "client": f"builtin ({loops.client_loop()[0]}), "
+                              "aioquic"}), flush=True)
+
+        return await quic.client(args, ready, wait_for_go)
     meter = Meter()
     request = b"r" * args.request
     tasks: list[Any] = []
@@ -289,6 +392,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 _, proto = await loop.create_connection(make, "127.0.0.1", args.port,
                                                         **options)
             conns.append(proto)
+    elif args.kind == "udp":
+        conns = await udp_clients(meter, args)
     elif args.kind == "churn":
         tasks = [asyncio.ensure_future(churn_worker(meter, args.port, request, args.response,
                                                     args.tls))
@@ -328,8 +433,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if not meter.latencies:
         raise RuntimeError("no request completed in the measured window")
     p50, p99 = maths.percentiles(meter.latencies, 50, 99)
-    return {"requests": meter.requests, "elapsed": elapsed, "p50_us": p50 * 1e6,
-            "p99_us": p99 * 1e6}
+    out = {"requests": meter.requests, "elapsed": elapsed, "p50_us": p50 * 1e6,
+           "p99_us": p99 * 1e6}
+    if args.kind == "udp":  # per datagram echoed; a burst's latency
+        out.update(requests=meter.units, bursts=meter.requests,
+                   lost=sum(c.lost for c in conns), late=sum(c.late for c in conns))
+    return out
 
 
 def main() -> None:
@@ -348,6 +457,8 @@ def main() -> None:
                         help=f"plain, then TLS 1.3 by start_tls ({', '.join(STARTTLS_KINDS)})")
     parser.add_argument("--mode", choices=fairness.MODES, default="close",
                         help="fairness: connection lifetimes")
+    parser.add_argument("--burst", type=int, default=1,
+                        help="udp: datagrams sent at a time before waiting for their echoes")
     args = parser.parse_args()
     if args.tls and args.kind not in TLS_KINDS:
         parser.error(f"--tls: kinds {', '.join(TLS_KINDS)} only")

@@ -15,9 +15,15 @@ kernel and (over TLS) OpenSSL cost here, on this machine, in the same run:
   ``SSLObject.write`` and the outgoing BIO's records sent in one ``send``;
 - ``floor-tls-socket``: the same with a non-blocking ``ssl.SSLSocket``
   (OpenSSL reads and writes the socket itself): ``recv_into`` one reused
-  buffer, ``send`` from it.
+  buffer, ``send`` from it;
+- ``floor-udp``: one UDP socket (:func:`udp_socket`, as every loop's UDP
+  server gets it), ``recvfrom_into`` one page-aligned buffer until EAGAIN at
+  each readiness event, ``sendto`` each datagram back to its sender from
+  that buffer.
 
-Each is a correct echo, not only a fast one: a short send keeps the rest and
+Each is a correct echo, not only a fast one (over UDP: a datagram whose
+sendto finds the send buffer full is kept, in order, for EPOLLOUT, where a
+loop's transport buffers it too): a short send keeps the rest and
 waits for EPOLLOUT with input off (over TLS: the records not yet sent, or for
 the SSLSocket the same plaintext again, as OpenSSL requires after
 SSLWantWriteError); a peer's close_notify is answered with ours.  No
@@ -29,11 +35,13 @@ in-process.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import select
 import socket
 import ssl
 from collections.abc import Callable
+from typing import Any
 
 from benchmarks.harness import tls
 from benchmarks.workloads.control import Wakeup, listening
@@ -43,6 +51,29 @@ READ_SIZE = 256 * 1024
 _PRIVATE_ANONYMOUS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 #: A peer that went away: its connection only.
 _GONE = (ConnectionError, ssl.SSLError, OSError)
+
+
+#: SO_RCVBUF and SO_SNDBUF of a UDP server's socket (every loop's and the
+#: floor's): 4 MiB, Linux's default net.core.rmem_max and wmem_max, so that
+#: the burst workload's 320 datagrams in flight (10 clients x 32 x 1 KiB,
+#: each about 2.3 KiB of the buffer's accounting) are never dropped; the
+#: default 208 KiB drops some.
+UDP_BUFFER = 4 * 1024 * 1024
+
+
+def udp_socket() -> socket.socket:
+    """A non-blocking UDP socket bound to 127.0.0.1, an ephemeral port, with
+    :data:`UDP_BUFFER` each way (the kernel caps it at its rmem_max/wmem_max)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, UDP_BUFFER)
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def aligned_buffer(size: int = READ_SIZE) -> memoryview:
@@ -301,11 +332,76 @@ class SocketFloor(_Floor):
         self.pending.pop(fd, None)
 
 
+class UdpFloor:
+    """``floor-udp``: one epoll over one UDP socket and the runner's wake-up."""
+
+    def __init__(self) -> None:
+        self.sock = udp_socket()
+        self.epoll = select.epoll()
+        self.view = aligned_buffer()
+        #: Datagrams whose sendto found the send buffer full, in order.
+        self.pending: collections.deque[tuple[bytes, Any]] = collections.deque()
+
+    def serve(self, name: str) -> None:
+        wake = Wakeup()
+        fd, wfd = self.sock.fileno(), wake.fileno()
+        self.epoll.register(fd, select.EPOLLIN)
+        self.epoll.register(wfd, select.EPOLLIN)
+        listening(self.sock.getsockname()[1], name, None)
+        while wake.running:
+            for ready, mask in self.epoll.poll(-1, 1024):
+                if ready == fd:
+                    if mask & select.EPOLLOUT:
+                        self.writable()
+                    if mask & select.EPOLLIN:
+                        self.readable()
+                elif ready == wfd:
+                    wake.ready()
+        self.epoll.close()
+        self.sock.close()
+        wake.close()
+
+    def readable(self) -> None:
+        """Every datagram the socket holds, each sent back at once (or kept
+        behind those already kept)."""
+        recvfrom_into, sendto, view = self.sock.recvfrom_into, self.sock.sendto, self.view
+        while True:
+            try:
+                n, addr = recvfrom_into(view)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # an ICMP error of an earlier send: nothing to echo
+                continue
+            if self.pending:
+                self.pending.append((bytes(view[:n]), addr))
+                continue
+            try:
+                sendto(view[:n], addr)
+            except (BlockingIOError, InterruptedError):
+                self.pending.append((bytes(view[:n]), addr))
+                self.epoll.modify(self.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+            except OSError:
+                pass  # a datagram the kernel refuses is lost, as UDP allows
+
+    def writable(self) -> None:
+        while self.pending:
+            data, addr = self.pending[0]
+            try:
+                self.sock.sendto(data, addr)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                pass
+            self.pending.popleft()
+        self.epoll.modify(self.sock.fileno(), select.EPOLLIN)
+
+
 #: Floor name -> its server.
-FLOORS: dict[str, Callable[[], _Floor]] = {
+FLOORS: dict[str, Callable[[], _Floor | UdpFloor]] = {
     "floor": PlainFloor,
     "floor-tls-bio": BioFloor,
     "floor-tls-socket": SocketFloor,
+    "floor-udp": UdpFloor,
 }
 
 

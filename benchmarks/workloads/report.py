@@ -26,6 +26,17 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                    ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
     "MiB": [("Gbit/s", "gbit_s", "{:.2f}"), ("CPU µs/MiB", "cpu_us_per_unit", "{:.0f}")],
     "idle": [("B/conn", "bytes_per_unit", "{:,.0f}")],
+    # A datagram echoed; the latencies are a burst's (one datagram, or
+    # udp-burst-1k's 32); lost: echoes that never came (the client's
+    # timeout); faults: the server's minor page faults (a recv buffer served
+    # by mmap faults per read); the last three from asyncio_relaxed's
+    # statistics() only.
+    "datagram": [("dgram/s", "rate", "{:,.0f}"), ("CPU µs/dgram", "cpu_us_per_unit", "{:.2f}"),
+                 ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}"),
+                 ("lost", "lost", "{:,.0f}"), ("faults/dgram", "faults_per_unit", "{:.2f}"),
+                 ("polls/dgram", "poll_waits_per_unit", "{:.3f}"),
+                 ("read events/dgram", "datagram_read_events_per_unit", "{:.3f}"),
+                 ("recvs/dgram", "datagram_recv_per_unit", "{:.3f}")],
     "fairness": [("Jain conns", "jain", "{:.3f}"), ("Jain reqs", "jain_requests", "{:.3f}"),
                  ("max/min", "max_min", "{:.2f}"), ("conn/s", "conns_per_s", "{:,.0f}"),
                  ("req/s", "req_per_s", "{:,.0f}"), ("CPU µs/req", "server_cpu_us_per_req",
@@ -50,6 +61,7 @@ RATIO_COLUMNS: dict[str, tuple[str, str, str]] = {
     "request": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
     "connection": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
     "MiB": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
+    "datagram": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
     "fairness": ("conn/s vs batch", "conns_per_s", "relaxed-batch"),
 }
 #: Per kind of workload, the figure the summary compares and whether a
@@ -58,6 +70,7 @@ SUMMARY_METRICS: dict[str, tuple[str, bool]] = {
     "request": ("cpu_us_per_unit", True),
     "connection": ("cpu_us_per_unit", True),
     "MiB": ("gbit_s", False),
+    "datagram": ("cpu_us_per_unit", True),
     "idle": ("bytes_per_unit", True),
     "fairness": ("jain", False),
     "split": ("cpu_us_per_unit_two", True),
@@ -116,7 +129,8 @@ def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The header and the rows of one workload's table."""
     cols = columns(entry)
     header = ["loop", *(title for title, _, _ in cols)]
-    unit = {"request": "req", "connection": "conn", "MiB": "MiB"}.get(entry["unit"], "req")
+    unit = {"request": "req", "connection": "conn", "MiB": "MiB",
+            "datagram": "dgram"}.get(entry["unit"], "req")
     ratio_column = RATIO_COLUMNS.get(kind(entry))
     if ratio_column:
         title, metric, against = ratio_column
@@ -314,8 +328,9 @@ def charts(doc: dict[str, Any]) -> dict[str, Any] | None:
         return None
     made: dict[str, Any] = {}
     specs: tuple[tuple[str, str, Callable[[dict[str, Any]], bool], str], ...] = (
-        ("server CPU per request, connection or MiB (lower is better)", "cpu_us_per_unit",
-         lambda e: kind(e) in ("request", "connection", "MiB"), "µs per {unit}"),
+        ("server CPU per request, connection, MiB or datagram (lower is better)",
+         "cpu_us_per_unit", lambda e: kind(e) in ("request", "connection", "MiB", "datagram"),
+         "µs per {unit}"),
         ("accept fairness (Jain's index over connections, 1 = even)", "jain",
          lambda e: kind(e) == "fairness", "Jain's index"),
     )

@@ -20,7 +20,14 @@ workload's, nothing else differs between loops):
   ``GET /two`` (what uvicorn does for every response);
 - ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB;
 - ``uvicorn``: uvicorn with httptools serving an ASGI app, on the loop
-  uvicorn's own ``--loop`` option makes (benchmarks.workloads.asgi).
+  uvicorn's own ``--loop`` option makes (benchmarks.workloads.asgi);
+- ``quic``: aioquic's QUIC server on the loop's datagram endpoint,
+  counting the client's streams (benchmarks.workloads.quic);
+- ``udp-echo``: a datagram endpoint (``create_datagram_endpoint``, on the
+  socket of :func:`benchmarks.workloads.floors.udp_socket`, buffers of
+  4 MiB each way) that sends every datagram back to its sender.  A loop
+  whose ``create_datagram_endpoint`` raises NotImplementedError says so
+  (control.unsupported).
 
 ``--tls`` serves ``echo-protocol`` and ``http`` over TLS 1.3
 (``create_server(ssl=)``, aiohttp's ``ssl_context``; benchmarks.harness.tls
@@ -60,12 +67,12 @@ from benchmarks.workloads.control import (
     raise_fd_limit,
     unsupported,
 )
-from benchmarks.workloads.floors import READ_SIZE, aligned_buffer
+from benchmarks.workloads.floors import READ_SIZE, aligned_buffer, udp_socket
 
 KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "split", "http",
-         "uvicorn")
-#: The kinds that serve over TLS with --tls.
-TLS_KINDS = ("echo-protocol", "http")
+         "uvicorn", "udp-echo", "quic")
+#: The kinds that serve over TLS with --tls (quic: always, TLS 1.3 in QUIC).
+TLS_KINDS = ("echo-protocol", "http", "quic")
 #: The kinds that serve over TLS with --starttls.
 STARTTLS_KINDS = ("echo-protocol",)
 #: The plain exchange before start_tls: the client's line, the server's answer.
@@ -158,6 +165,35 @@ async def probe_start_tls(context: ssl.SSLContext) -> None:
         await asyncio.sleep(0)  # the aborts' connection_lost closes the sockets
         for sock in pair[len(made):]:  # the ones no transport took
             sock.close()
+
+
+class EchoDatagram(asyncio.DatagramProtocol):
+    """Sends every datagram back to its sender."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.transport.sendto(data, addr)
+
+
+async def serve_udp(loop: asyncio.AbstractEventLoop) -> None:
+    """The ``udp-echo`` server until the end of input."""
+    stop = loop.create_future()
+    sock = udp_socket()
+    port = sock.getsockname()[1]
+    try:
+        transport, _ = await loop.create_datagram_endpoint(EchoDatagram, sock=sock)
+    except NotImplementedError as exc:
+        sock.close()
+        unsupported(f"{type(loop).__module__}.{type(loop).__qualname__}: "
+                    f"create_datagram_endpoint() raised NotImplementedError: {exc}")
+        return
+    listening(port, f"{type(loop).__module__}.{type(loop).__qualname__}",
+              checkout.relaxed_package())
+    control(loop, lambda: finish(stop))
+    await stop
+    transport.close()
 
 
 class EchoBufferedProtocol(asyncio.BufferedProtocol):
@@ -354,7 +390,12 @@ def main() -> None:
         return
     loop = loops.factory(args.loop)()
     try:
-        loop.run_until_complete(serve(args))
+        if args.kind == "quic":
+            from benchmarks.workloads import quic
+
+            loop.run_until_complete(quic.serve(loop))
+            return
+        loop.run_until_complete(serve_udp(loop) if args.kind == "udp-echo" else serve(args))
     finally:
         loop.close()
 
