@@ -399,10 +399,15 @@ def test_the_write_backlog(tls_files: TlsFiles) -> None:
 
 async def quiet_log(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """Outside debug mode nothing of the handshake is logged, even with
-    asyncio's logger at DEBUG."""
-    with asyncio_debug_formats() as formats:
-        server, transport, client, peer = await pair(loop, files)
-        await close_pair(server, transport, peer)
+    asyncio's logger at DEBUG (and PYTHONASYNCIODEBUG set)."""
+    debug = loop.get_debug()
+    loop.set_debug(False)
+    try:
+        with asyncio_debug_formats() as formats:
+            server, transport, client, peer = await pair(loop, files)
+            await close_pair(server, transport, peer)
+    finally:
+        loop.set_debug(debug)
     return sorted(f for f in formats if f in DEBUG_FORMATS), client.calls
 
 
