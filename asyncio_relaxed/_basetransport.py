@@ -334,9 +334,6 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
             loop._callback_failed(handle, exc)
         self._start_reading()
 
-    def _start_reading(self) -> None:
-        raise NotImplementedError
-
     # -- identity ---------------------------------------------------------
 
     def __repr__(self) -> str:

@@ -181,18 +181,19 @@ class ReadPipeTransport(_PipeBase, Reading, asyncio.ReadTransport):
         self._adopt(loop, pipe, protocol, shared, "Pipe transport is for pipes/sockets only.")
         loop.call_soon(protocol.connection_made, self)
         # Reading starts only once connection_made() has run.
-        loop.call_soon(self._add_reader, self._fileno, self._read_ready)
+        loop.call_soon(self._start_reading)
         self._started(waiter)
 
     _logger = staticmethod(_compat.pipe_logger)
 
     def _add_reader(self, fd: int, callback: Any) -> None:
+        """Stock's: watch *fd* unless reading is paused or closed."""
         if not self.is_reading():
             return
         self._loop._add_reader(fd, callback)
 
     def _start_reading(self) -> None:
-        self._loop._add_reader(self._fileno, self._read_ready)
+        self._add_reader(self._fileno, self._read_ready)
 
     def _unwatch_read(self) -> None:
         self._loop._remove_reader(self._fileno)
@@ -318,14 +319,8 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
         """Buffer what the kernel did not take of *data*: a copy, and no view
         of the caller's object left behind (PyPy frees views late, and a
         bytearray with a view cannot be resized)."""
-        if not n:
-            self._buffer += data
-        elif isinstance(data, memoryview):
-            with data[n:] as rest:
-                self._buffer += rest
-        else:
-            with memoryview(data) as view, view[n:] as rest:
-                self._buffer += rest
+        with memoryview(data) as view, view[n:] as rest:
+            self._buffer += rest
 
     def _watch_write(self) -> None:
         self._loop._add_writer(self._fileno, self._write_ready)
@@ -351,10 +346,9 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            self._buffer.clear()
+            self._buffer.clear()  # (as stock's, before the exception handler hears of it)
             self._conn_lost += 1
-            self._shared.emptied(self)  # IDLE, EPOLLOUT off
-            self._fatal_error(exc, "Fatal write error on pipe transport")
+            self._fatal_error(exc, "Fatal write error on pipe transport")  # _close: IDLE
             return -1
         stats.pipe_bytes_written += n
         return n
