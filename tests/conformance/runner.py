@@ -78,6 +78,23 @@ def probe(python: str) -> tuple[str | None, list[str]]:
     return label, modules.split()
 
 
+def run_child(cmd: list[str], cwd: str, env: dict[str, str], timeout: float, log: str,
+              marker: str) -> tuple[dict | None, object]:
+    """Run *cmd*, its stderr then its stdout into *log*: the JSON summary of
+    its last stdout line that starts with *marker* (None without one), and
+    its exit status ("timeout" after *timeout* seconds)."""
+    with open(log, "w") as fh:
+        try:
+            p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=fh,
+                               text=True, timeout=timeout)
+            out, rc = p.stdout, p.returncode
+        except subprocess.TimeoutExpired as exc:
+            out, rc = (exc.stdout or b"").decode(errors="replace"), "timeout"
+        fh.write(out)
+    lines = [ln for ln in out.splitlines() if ln.startswith(marker)]
+    return (json.loads(lines[-1][len(marker):]) if lines else None), rc
+
+
 def run_one(python: str, module: str, mode: str, timeout: float, test_timeout: float,
             logdir: str, tests: list[str] | None = None, tag: str = "") -> dict:
     """Run *module* (or *tests*) once; after a hang, the rest of it, merged."""
@@ -122,18 +139,8 @@ def run_part(python: str, module: str, mode: str, timeout: float, test_timeout: 
     log = os.path.join(logdir, f"{os.path.basename(os.path.dirname(os.path.dirname(python)))}"
                                f"-{module}-{mode}{tag}.log")
     start = time.monotonic()
-    with open(log, "w") as fh:
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=fh,
-                               text=True, timeout=timeout)
-            out, rc = p.stdout, p.returncode
-        except subprocess.TimeoutExpired as exc:
-            out, rc = (exc.stdout or b"").decode(errors="replace"), "timeout"
-        fh.write(out)
-    lines = [ln for ln in out.splitlines() if ln.startswith(MARKER)]
-    if lines:
-        res = json.loads(lines[-1][len(MARKER):])
-    else:  # name the test that was running: verbose unittest prints "name (id) ... " first
+    res, rc = run_child(cmd, ROOT, env, timeout, log, MARKER)
+    if res is None:  # name the test that was running (verbose unittest prints "name (id) ... ")
         with open(log, errors="replace") as fh:
             started = [ln.split(" ... ")[0] for ln in fh if " ... " in ln]
         res = {"error": f"no result (rc={rc}, last test: {started[-1] if started else '-'})"}

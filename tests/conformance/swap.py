@@ -102,11 +102,9 @@ def test_name(test: unittest.TestCase) -> str:
     return getattr(test, "test_case", test).id()
 
 
-class CountingResult(unittest.TextTestResult):
-    """Counts passes directly: 3.12+ no longer includes decorator skips in testsRun.
-    Records the test that is running, for the watchdog."""
+class WatchedResult(unittest.TextTestResult):
+    """Records the test that is running and since when, for the watchdog."""
 
-    passed = 0
     current: unittest.TestCase | None = None
     started = 0.0
 
@@ -117,6 +115,12 @@ class CountingResult(unittest.TextTestResult):
     def stopTest(self, test: unittest.TestCase) -> None:
         super().stopTest(test)
         self.current = None
+
+
+class CountingResult(WatchedResult):
+    """Counts passes directly: 3.12+ no longer includes decorator skips in testsRun."""
+
+    passed = 0
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)

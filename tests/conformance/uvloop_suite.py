@@ -48,12 +48,17 @@ import tempfile
 import threading
 import time
 import unittest
-from collections.abc import Iterator
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MARKER = "UVLOOP_SUITE_RESULT "
+# The conformance runner's pieces, by path (this folder is not a package's
+# import root in the child, whose "tests" is uvloop's).
+sys.path.insert(0, HERE)
+import swap  # noqa: E402  (tests/conformance/swap.py)
+from runner import run_child  # noqa: E402  (tests/conformance/runner.py)
+
 MODULES = ["test_udp", "test_process"]
 #: Hung tests one (module, mode) run may step over before it gives up.
 MAX_HANGS = 5
@@ -62,28 +67,19 @@ MAX_HANGS = 5
 # -- the child: one module in one mode ------------------------------------------------
 
 
-class OutcomeResult(unittest.TextTestResult):
-    """Each test id's outcome; the test running now, for the watchdog."""
+class OutcomeResult(swap.WatchedResult):
+    """Each test id's outcome (WatchedResult: the test running now, for the
+    watchdog)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.outcomes: dict[str, str] = {}
-        self.current: unittest.TestCase | None = None
-        self.started = 0.0
 
     def _set(self, test: Any, outcome: str) -> None:
         name = getattr(test, "test_case", test).id()  # a subtest counts for its test
         if self.outcomes.get(name) in ("fail", "error") and outcome == "pass":
             return
         self.outcomes[name] = outcome
-
-    def startTest(self, test: unittest.TestCase) -> None:
-        self.current, self.started = test, time.monotonic()
-        super().startTest(test)
-
-    def stopTest(self, test: unittest.TestCase) -> None:
-        super().stopTest(test)
-        self.current = None
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)
@@ -115,14 +111,6 @@ class OutcomeResult(unittest.TextTestResult):
             self._set(test, "fail" if issubclass(err[0], test.failureException) else "error")
 
 
-def _flatten(suite: unittest.TestSuite) -> Iterator[unittest.TestCase]:
-    for item in suite:
-        if isinstance(item, unittest.TestSuite):
-            yield from _flatten(item)
-        else:
-            yield item
-
-
 def child(args: argparse.Namespace) -> int:
     # As swap.py: a process started in the background of a non-interactive
     # shell begins with SIGINT ignored; Python's own default, whatever started us.
@@ -135,8 +123,6 @@ def child(args: argparse.Namespace) -> int:
     sys.path.insert(0, args.dir)
     if args.site:
         sys.path.insert(1, args.site)
-    sys.path.insert(2, HERE)
-    import swap  # tests/conformance/swap.py, by path (HERE, above)
     from uvloop import _testbase as tb
 
     not_ours: list[str] = []
@@ -169,7 +155,7 @@ def child(args: argparse.Namespace) -> int:
                if isinstance(obj, type) and issubclass(obj, tb.AIOTestCase)
                and obj is not tb.AIOTestCase and obj.__module__ == module.__name__]
     tests = [t for cls in sorted(classes, key=lambda c: c.__name__)
-             for t in _flatten(loader.loadTestsFromTestCase(cls))]
+             for t in swap.flatten(loader.loadTestsFromTestCase(cls))]
     if args.tests:
         tests = [t for t in tests if t.id() in set(args.tests)]
     if args.after:
@@ -311,19 +297,8 @@ def run_part(module: str, mode: str, src: str, site: str | None, logdir: str,
         cmd += ["--after", after]
     log = os.path.join(logdir, f"{module}-{mode}{tag}.log")
     start = time.monotonic()
-    with open(log, "w") as fh:
-        try:
-            p = subprocess.run(cmd, cwd=src, env=env, stdout=subprocess.PIPE, stderr=fh,
-                               text=True, timeout=timeout + 30)
-            out, rc = p.stdout, p.returncode
-        except subprocess.TimeoutExpired as exc:
-            out, rc = (exc.stdout or b"").decode(errors="replace"), "timeout"
-        fh.write(out)
-    lines = [ln for ln in out.splitlines() if ln.startswith(MARKER)]
-    if lines:
-        res: dict[str, Any] = json.loads(lines[-1][len(MARKER):])
-    else:
-        res = {"error": f"no result (rc={rc}; log {log})"}
+    found, rc = run_child(cmd, src, env, timeout + 30, log, MARKER)
+    res: dict[str, Any] = found or {"error": f"no result (rc={rc}; log {log})"}
     res["wall"] = time.monotonic() - start
     res["log"] = log
     return res
