@@ -319,11 +319,19 @@ async def _main(loop: asyncio.AbstractEventLoop, kind: str, ops: list[tuple[Any,
     if kind == "udp":
         r_transport, r = await loop.create_datagram_endpoint(
             lambda: Observer(log, "R", names), local_addr=(LOCAL, 0))
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as gone:
-            gone.bind((LOCAL, 0))
-            unreachable = gone.getsockname()
-        c_transport, c = await loop.create_datagram_endpoint(
-            lambda: Observer(log, "C", names), remote_addr=unreachable)
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as gone:
+                gone.bind((LOCAL, 0))
+                unreachable = gone.getsockname()
+            made: list[Any] = []  # C's connection_made, into the log once C is kept
+            c_transport, c = await loop.create_datagram_endpoint(
+                lambda made=made: Observer(made, "C", names), remote_addr=unreachable)
+            if c_transport.get_extra_info("sockname") != unreachable:
+                log.extend(made)
+                c.log = log
+                break
+            # Connected to itself: the kernel gave it the port just freed.
+            c_transport.close()
     else:
         r_transport, r = await loop.create_datagram_endpoint(
             lambda: Observer(log, "R", names), family=socket.AF_UNIX,
