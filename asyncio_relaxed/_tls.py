@@ -75,26 +75,31 @@ from typing import Any
 
 from . import _compat
 from ._shared import TransportShared
+from ._tlsengine import (
+    CLOSE,
+    DELIVERS,
+    DO_HANDSHAKE,
+    END,
+    FLUSHED,
+    FLUSHING,
+    ON_CIPHERTEXT,
+    ON_CLOSE,
+    ON_EOF,
+    SHUTDOWN,
+    START,
+    TAKES_APPDATA,
+    WRAPPED,
+    TLSEngine,
+)
 
 __all__ = ["SSLTransport"]
 
 _Base: Any = _compat.FlowControlMixin
 
-_State = _compat.SSLProtocolState
-_UNWRAPPED = _State.UNWRAPPED
-_DO_HANDSHAKE = _State.DO_HANDSHAKE
-_WRAPPED = _State.WRAPPED
-_FLUSHING = _State.FLUSHING
-_SHUTDOWN = _State.SHUTDOWN
 _App = _compat.AppProtocolState
 _SSL_AGAIN = _compat.SSL_AGAIN_ERRORS
-#: The transitions SSLProtocol._set_state allows, besides any -> UNWRAPPED.
-_ALLOWED = {
-    (_UNWRAPPED, _DO_HANDSHAKE),
-    (_DO_HANDSHAKE, _WRAPPED),
-    (_WRAPPED, _FLUSHING),
-    (_FLUSHING, _SHUTDOWN),
-}
+#: The layer's method for each step the engine's ON_CIPHERTEXT names.
+_STEPS = {state: "_do_" + step for state, step in ON_CIPHERTEXT.items()}
 #: get_extra_info's keys that the handshake adds (stock's SSLProtocol._extra).
 _HANDSHAKE_KEYS = ("peercert", "cipher", "compression", "ssl_object")
 #: A backlog of application data that never had to wait (see __init__).
@@ -124,6 +129,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         "_backlog_size",
         "_closed",
         "_drop_ssl",
+        "_engine",
         "_eof_received",
         "_handshake_start",
         "_handshake_timeout",
@@ -145,8 +151,6 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         "_ssl_reading_paused",
         "_ssl_writing_paused",
         "_sslcontext",
-        "_sslobj",
-        "_state",
         "_waiter",
     )
 
@@ -192,21 +196,16 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self._server_side = server_side
         self._server_hostname = server_hostname if server_hostname and not server_side else None
         self._sslcontext = sslcontext
-        self._incoming = ssl.MemoryBIO()
-        self._outgoing = ssl.MemoryBIO()
-        self._sslobj = sslcontext.wrap_bio(self._incoming, self._outgoing,
-                                           server_side=server_side,
-                                           server_hostname=self._server_hostname)
-        # What reads, writes and pending() call per request: the SSLObject's
-        # own C object where there is one (ssl.SSLObject's methods only
-        # pass their arguments on), else the SSLObject.
-        self._ssl = _compat.ssl_object_core(self._sslobj)
+        engine = self._engine = TLSEngine(sslcontext, server_side, self._server_hostname)
+        # The engine's BIOs and SSL core, a slot away on the per-request paths.
+        self._incoming = engine.incoming
+        self._outgoing = engine.outgoing
+        self._ssl = engine.core
         self._handshake_timeout = ssl_handshake_timeout
         self._shutdown_timeout = ssl_shutdown_timeout
         self._handshake_timer: Any = None
         self._shutdown_timer: Any = None
         self._handshake_start: float | None = None
-        self._state = _UNWRAPPED
         # start_tls() upgrades a connection whose protocol is connected already.
         self._app_state = _App.STATE_INIT if call_connection_made else _App.STATE_CON_MADE
         self._waiter = waiter
@@ -227,7 +226,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self.set_protocol(protocol)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else self._state.name.lower()
+        state = "closed" if self._closed else self._engine.state.name.lower()
         return f"<{type(self).__name__} {state} over {self._lower!r}>"
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
@@ -252,13 +251,11 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         """Ciphertext in the loop's buffer: to the incoming BIO, then the
         state's step.  What this raises the byte stream reports as fatal."""
         self._incoming.write(self._shared.read_view[:nbytes])
-        state = self._state
-        if state is _WRAPPED:
+        state = self._engine.state
+        if state is WRAPPED:
             self._do_read()
-        elif state is _DO_HANDSHAKE:
-            self._do_handshake()
-        else:
-            self._step()
+        elif state in _STEPS:
+            getattr(self, _STEPS[state])()
 
     # -- the application's transport ----------------------------------------
 
@@ -287,7 +284,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         info = self._ssl_info
         if info is not None and name in _HANDSHAKE_KEYS:
             if name == "ssl_object":
-                return self._sslobj
+                return self._engine.sslobj
             return info[_HANDSHAKE_KEYS.index(name)]
         lower = self._lower
         if lower is None:
@@ -310,7 +307,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             # the shutdown: it lets them go once the socket is gone.
             self._drop_ssl = True
             if self._lower is None:
-                self._sslobj = self._ssl = self._sslcontext = None
+                self._drop_engine()
 
     def abort(self) -> None:
         self._closed = True
@@ -333,15 +330,11 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._loop.call_soon(self._step)
 
     def _step(self) -> None:
-        """What the state does with new ciphertext or a resumed reader:
-        read, flush or shut down (stock's resume and buffer_updated)."""
-        state = self._state
-        if state is _WRAPPED:
-            self._do_read()
-        elif state is _FLUSHING:
-            self._do_flush()
-        elif state is _SHUTDOWN:
-            self._do_shutdown()
+        """A resumed reader: the state's step (the engine's ON_CIPHERTEXT),
+        except a handshake, which only new ciphertext steps (as stock's)."""
+        state = self._engine.state
+        if state in _STEPS and state is not DO_HANDSHAKE:
+            getattr(self, _STEPS[state])()
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._app_high, self._app_low = _compat.flow_control_defaults(
@@ -371,7 +364,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
                             f"got {type(data).__name__}")
         if not data:
             return
-        if self._state is _WRAPPED and not self._backlog:
+        if self._engine.state is WRAPPED and not self._backlog:
             # The common case: encrypted now (the records go to the outgoing
             # BIO, so the caller may reuse a bytearray), then sent.
             try:
@@ -406,10 +399,9 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
 
     # -- SSLProtocol: states and the handshake ------------------------------------
 
-    def _set_state(self, new_state: Any) -> None:
-        if new_state is not _UNWRAPPED and (self._state, new_state) not in _ALLOWED:
-            raise RuntimeError(f"cannot switch state from {self._state} to {new_state}")
-        self._state = new_state
+    def _drop_engine(self) -> None:
+        self._engine.drop()
+        self._ssl = self._sslcontext = None
 
     def _start_handshake(self) -> None:
         loop = self._loop
@@ -418,41 +410,39 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._handshake_start = loop.time()
         else:
             self._handshake_start = None
-        self._set_state(_DO_HANDSHAKE)
+        self._engine.to(START)
         self._handshake_timer = loop.call_later(self._handshake_timeout,
                                                 self._check_handshake_timeout)
         self._do_handshake()
 
     def _check_handshake_timeout(self) -> None:
-        if self._state is _DO_HANDSHAKE:
+        if self._engine.state is DO_HANDSHAKE:
             msg = (f"SSL handshake is taking longer than {self._handshake_timeout} "
                    f"seconds: aborting the connection")
             self._tls_fatal(ConnectionAbortedError(msg))
 
     def _do_handshake(self) -> None:
         try:
-            self._sslobj.do_handshake()
-        except _SSL_AGAIN:
-            self._process_outgoing()
+            done = self._engine.handshake()
         except ssl.SSLError as exc:
             self._on_handshake_complete(exc)
-        else:
+            return
+        if done:
             self._on_handshake_complete(None)
+        else:
+            self._process_outgoing()
 
     def _on_handshake_complete(self, handshake_exc: Any) -> None:
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
-        sslobj = self._sslobj
         try:
-            if handshake_exc is None:
-                self._set_state(_WRAPPED)
-            else:
+            if handshake_exc is not None:
                 raise handshake_exc
-            peercert = sslobj.getpeercert()
+            info = self._engine.peer_info()
         except Exception as exc:
             handshake_exc = None
-            self._set_state(_UNWRAPPED)
+            self._engine.to(END)
             if isinstance(exc, ssl.CertificateError):
                 msg = "SSL handshake failed on verifying the certificate"
             else:
@@ -464,7 +454,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         if loop.get_debug():
             dt = loop.time() - self._handshake_start
             _compat.sslproto_logger().debug("%r: SSL handshake took %.1f ms", self, dt * 1e3)
-        self._ssl_info = (peercert, sslobj.cipher(), sslobj.compression())
+        self._ssl_info = info
         if self._app_state is _App.STATE_INIT:
             self._app_state = _App.STATE_CON_MADE
             self._protocol.connection_made(self)
@@ -485,36 +475,36 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
     # -- SSLProtocol: shutdown ------------------------------------------------------
 
     def _start_shutdown(self) -> None:
-        if self._state in (_FLUSHING, _SHUTDOWN, _UNWRAPPED):
+        action = ON_CLOSE.get(self._engine.state)
+        if action is None:
             return
         self._closed = True
-        if self._state is _DO_HANDSHAKE:
+        if action == "abort":
             self._abort(None)
         else:
-            self._set_state(_FLUSHING)
+            self._engine.to(CLOSE)
             self._shutdown_timer = self._loop.call_later(self._shutdown_timeout,
                                                          self._check_shutdown_timeout)
             self._do_flush()
 
     def _check_shutdown_timeout(self) -> None:
-        if self._state in (_FLUSHING, _SHUTDOWN) and self._lower is not None:
+        if self._engine.state in (FLUSHING, SHUTDOWN) and self._lower is not None:
             self._lower._force_close(TimeoutError("SSL shutdown timed out"))
 
     def _do_flush(self) -> None:
         self._do_read()
-        self._set_state(_SHUTDOWN)
+        self._engine.to(FLUSHED)
         self._do_shutdown()
 
     def _do_shutdown(self) -> None:
         try:
-            if not self._eof_received:
-                self._sslobj.unwrap()
-        except _SSL_AGAIN:
-            self._process_outgoing()
+            # After the byte stream's EOF no close_notify can come: done.
+            done = self._eof_received or self._engine.unwrap()
         except ssl.SSLError as exc:
             self._on_shutdown_complete(exc)
-        else:
-            self._process_outgoing()
+            return
+        self._process_outgoing()
+        if done:
             self._call_eof_received()
             self._on_shutdown_complete(None)
 
@@ -545,7 +535,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._lower.close()
 
     def _abort(self, exc: BaseException | None) -> None:
-        self._set_state(_UNWRAPPED)
+        self._engine.to(END)
         lower = self._lower
         if lower is not None:
             # 3.11-3.12 abort the byte stream; 3.13+ pass the error.
@@ -557,7 +547,8 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
     # -- SSLProtocol: the outgoing flow ------------------------------------------
 
     def _write_appdata(self, list_of_data: Any) -> None:
-        if self._state in (_FLUSHING, _SHUTDOWN, _UNWRAPPED):
+        state = self._engine.state
+        if state is not WRAPPED and state not in TAKES_APPDATA:
             if self._ssl_lost >= _compat.LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 _compat.sslproto_logger().warning("SSL connection is closed")
             self._ssl_lost += 1
@@ -569,7 +560,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._backlog.append(data if isinstance(data, bytes) else bytes(data))
             self._backlog_size += len(data)
         try:
-            if self._state is _WRAPPED:
+            if state is WRAPPED:
                 self._do_write()
         except Exception as exc:
             self._tls_fatal(exc, "Fatal error on SSL protocol")
@@ -651,19 +642,19 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         try:
             if self._loop.get_debug():
                 _compat.sslproto_logger().debug("%r received EOF", self)
-            state = self._state
-            if state is _DO_HANDSHAKE:
+            action = ON_EOF.get(self._engine.state)
+            if action == "fail":
                 self._on_handshake_complete(ConnectionResetError)
-            elif state is _WRAPPED:
-                self._set_state(_FLUSHING)
+            elif action == "flush":
+                self._engine.to(CLOSE)
                 if self._app_reading_paused:
                     return True
                 self._do_flush()
-            elif state is _FLUSHING:
+            elif action == "write_then_shutdown":
                 self._do_write()
-                self._set_state(_SHUTDOWN)
+                self._engine.to(FLUSHED)
                 self._do_shutdown()
-            elif state is _SHUTDOWN:
+            elif action == "shutdown":
                 self._do_shutdown()
         except Exception:
             self._lower.close()
@@ -671,7 +662,8 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         return None
 
     def _do_read(self) -> None:
-        if self._state is not _WRAPPED and self._state is not _FLUSHING:
+        state = self._engine.state
+        if state is not WRAPPED and state not in DELIVERS:
             return
         try:
             if not self._app_reading_paused:
@@ -822,11 +814,11 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self._outgoing.read()
         self._ssl_lost += 1
         self._closed = True
-        if self._state is not _DO_HANDSHAKE and self._app_state in (
+        if self._engine.state is not DO_HANDSHAKE and self._app_state in (
                 _App.STATE_CON_MADE, _App.STATE_EOF):
             self._app_state = _App.STATE_CON_LOST
             self._loop.call_soon(self._protocol.connection_lost, exc)
-        self._set_state(_UNWRAPPED)
+        self._engine.to(END)
         self._wakeup_waiter(exc)
         self._cancel_shutdown_timer()
         if self._handshake_timer is not None:
@@ -834,4 +826,4 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._handshake_timer = None
         self._lower = None
         if self._drop_ssl:
-            self._sslobj = self._ssl = self._sslcontext = None
+            self._drop_engine()

@@ -42,6 +42,12 @@ def same_as_stock(scenario: Scenario, files: TlsFiles) -> Any:
     return ours
 
 
+def _tls_state(layer: Any) -> str:
+    """The TLS state's name: the engine's on ours, the SSLProtocol's own on stock."""
+    engine = getattr(layer, "_engine", None)
+    return (engine.state if engine is not None else layer._state).name  # type: ignore[no-any-return]
+
+
 async def until(predicate: Any, what: str) -> None:
     """Poll *predicate* once per iteration (the layer's state offers no event)."""
     for _ in range(20000):
@@ -207,7 +213,7 @@ async def eof_while_paused(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> 
         transport, client = await _connect(loop, listener, files)
         transport.pause_reading()
         layer = transport._ssl_protocol
-        await until(lambda layer=layer: layer._state.name == "FLUSHING", "the peer's EOF")
+        await until(lambda layer=layer: _tls_state(layer) == "FLUSHING", "the peer's EOF")
         seen.append((transport.is_closing(), bytes(client.data), list(client.calls)))
         if close_first:
             transport.close()
@@ -431,4 +437,40 @@ async def timers_left(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
 def test_the_handshake_timer_goes_with_the_handshake(tls_files: TlsFiles) -> None:
     seen, handled = same_as_stock(timers_left, tls_files)
     assert seen == 0
+    assert handled == []
+
+
+async def cancelled_handshake(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """A connect cancelled while the handshake waits for a server that never
+    answers: create_connection closes the transport mid-handshake, which
+    aborts the connection at once (no close_notify before a handshake), so
+    the server sees the end long before any handshake timeout."""
+    listener = _listener()
+    with listener:
+        try:
+            await asyncio.wait_for(_connect(loop, listener, files), 0.2)
+        except TimeoutError:
+            pass
+        else:
+            raise AssertionError("the handshake finished without a server")
+        conn, _ = listener.accept()  # the connection is in the backlog
+        with conn:
+            conn.setblocking(False)
+            hello = b""
+            try:
+                # Read on the loop: the abort's close runs in a later iteration.
+                while chunk := await asyncio.wait_for(loop.sock_recv(conn, 65536), 5):
+                    hello += chunk
+                end = "eof"
+            except ConnectionResetError:
+                end = "reset"
+            except TimeoutError:
+                end = "still open"
+    return (hello[:1], end)
+
+
+def test_a_close_during_the_handshake_aborts(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(cancelled_handshake, tls_files)
+    assert seen[0] == b"\x16"  # a ClientHello went out (a TLS handshake record)
+    assert seen[1] in ("eof", "reset")
     assert handled == []
