@@ -15,7 +15,10 @@ for "ssl" in the class name) is the last two in one object: the protocol of
 the byte stream below it and the transport of the application's protocol
 above it.  It runs stock's state machine (``sslproto.SSLProtocol``'s,
 ported method by method, so its states, timeouts, error types and texts are
-stock's on every Python version).  The byte stream is one of the loop's
+stock's on every Python version) over a :class:`~._tlsengine.TLSEngine`,
+which holds the SSLObject, its memory BIOs, the state, the table of
+transitions and what each state makes of an event; this module moves the
+bytes, runs the timers and calls the application.  The byte stream is one of the loop's
 socket transports (``ssl=``, ``start_tls()`` on a plain connection) or
 another TLS layer (``start_tls()`` on a TLS connection: TLS over TLS).  The
 two meet only through the byte stream's transport and protocol methods:
@@ -48,8 +51,8 @@ What it does with them:
   and the outgoing BIO, as stock's do, and call the protocol's
   ``pause_writing``/``resume_writing``.  Reading has stock's marks on the
   incoming BIO (256 KiB).
-* *States*: UNWRAPPED -> DO_HANDSHAKE -> WRAPPED -> FLUSHING -> SHUTDOWN,
-  stock's ``SSLProtocolState``; ``close()`` flushes, sends close_notify and
+* *States* (the engine's): UNWRAPPED -> DO_HANDSHAKE -> WRAPPED -> FLUSHING
+  -> SHUTDOWN, stock's ``SSLProtocolState``; ``close()`` flushes, sends close_notify and
   waits ``ssl_shutdown_timeout`` for the peer's; a peer's close_notify is
   EOF to the protocol; ``ssl_handshake_timeout`` aborts a handshake that
   takes longer.  The protocol's ``connection_lost`` is scheduled from the
