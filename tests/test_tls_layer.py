@@ -18,6 +18,7 @@ import contextlib
 import gc
 import logging
 import socket
+import ssl
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -474,3 +475,80 @@ def test_a_close_during_the_handshake_aborts(tls_files: TlsFiles) -> None:
     assert seen[0] == b"\x16"  # a ClientHello went out (a TLS handshake record)
     assert seen[1] in ("eof", "reset")
     assert handled == []
+
+
+class ClosingOnEof(Recording):
+    """Records whether its transport says it is closing when EOF arrives."""
+
+    def eof_received(self) -> None:
+        self.calls.append("eof")
+        # The layer starts its shutdown after eof_received returns.
+        self.loop.call_soon(lambda: self.calls.append(
+            f"then closing={self.transport.is_closing()}"))
+
+
+async def peer_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """The peer sends close_notify first: once eof_received has returned the
+    transport is closing (stock's _start_shutdown marks it), and the
+    connection ends cleanly."""
+    listener = _listener()
+
+    def after(conn: Any, obj: Any, outgoing: Any) -> str:
+        try:
+            obj.unwrap()
+        except ssl.SSLWantReadError:
+            pass
+        conn.sendall(outgoing.read())
+        conn.recv(65536)  # the client's close_notify, or its close
+        conn.close()
+        return "sent"
+
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        _, client = await loop.create_connection(
+            lambda: ClosingOnEof(loop), *listener.getsockname(), ssl=files.client_context(),
+            server_hostname="localhost")
+        exc = await client.lost
+        await loop.run_in_executor(None, thread.join)
+    return client.calls, exc, result
+
+
+def test_the_peers_close_notify_closes_the_transport(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(peer_close_notify, tls_files)
+    assert seen == (["made", "eof", "then closing=True", "lost"], None, ["sent"])
+    assert handled == []
+
+
+async def corrupt_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """close() sends close_notify; the peer answers with a record that does
+    not decrypt: the shutdown fails at once with the SSL error (the
+    connection does not wait for ssl_shutdown_timeout)."""
+    listener = _listener()
+
+    def after(conn: Any, obj: Any, outgoing: Any) -> str:
+        obj.write(b"hi")  # the client closes once it has this: after the handshake's reads
+        conn.sendall(outgoing.read())
+        conn.recv(65536)  # the client's close_notify
+        conn.sendall(b"\x17\x03\x03\x00\x20" + b"\x00" * 32)  # application data, bad MAC
+        try:
+            conn.recv(65536)
+        except OSError:
+            pass
+        conn.close()
+        return "sent"
+
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        transport, client = await _connect(loop, listener, files, ssl_shutdown_timeout=15)
+        await client.until(2)
+        transport.close()
+        exc = await asyncio.wait_for(client.lost, 10)
+        await loop.run_in_executor(None, thread.join)
+    return client.calls, type(exc).__name__, result
+
+
+def test_a_corrupt_record_during_shutdown_ends_it(tls_files: TlsFiles) -> None:
+    seen, _ = same_as_stock(corrupt_after_close_notify, tls_files)
+    assert seen[0] == ["made", "lost"]
+    assert seen[1] == "SSLError"
+    assert seen[2] == ["sent"]
