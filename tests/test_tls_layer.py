@@ -552,3 +552,56 @@ def test_a_corrupt_record_during_shutdown_ends_it(tls_files: TlsFiles) -> None:
     assert seen[0] == ["made", "lost"]
     assert seen[1] == "SSLError"
     assert seen[2] == ["sent"]
+
+
+class TimersOnEof(Recording):
+    """Counts the live shutdown timers just after eof_received returns
+    (stock's is a lambda around _check_shutdown_timeout, ours the method)."""
+
+    def eof_received(self) -> None:
+        self.calls.append("eof")
+        self.loop.call_soon(self.count_timers)
+
+    def count_timers(self) -> None:
+        live = [handle for handle in self.loop._scheduled  # type: ignore[attr-defined]
+                if not handle.cancelled() and getattr(handle._callback, "__name__", "") in (
+                    "_check_shutdown_timeout", "<lambda>")]
+        self.calls.append(f"shutdown timers {len(live)}")
+
+
+async def answered_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """close() sends close_notify and the peer answers with its own: the
+    shutdown is complete (eof_received), and its timer is cancelled then
+    (3.11-3.13) or kept until the socket has closed (3.14+), as on stock."""
+    listener = _listener()
+
+    def after(conn: Any, obj: Any, outgoing: Any) -> str:
+        obj.write(b"hi")
+        conn.sendall(outgoing.read())
+        conn.recv(65536)  # the client's close_notify
+        try:
+            obj.unwrap()
+        except ssl.SSLWantReadError:
+            pass
+        conn.sendall(outgoing.read())
+        conn.recv(65536)  # the client's close
+        conn.close()
+        return "sent"
+
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        transport, client = await loop.create_connection(
+            lambda: TimersOnEof(loop), *listener.getsockname(), ssl=files.client_context(),
+            server_hostname="localhost")
+        await client.until(2)
+        transport.close()
+        exc = await client.lost
+        await loop.run_in_executor(None, thread.join)
+    return client.calls, exc, result
+
+
+def test_the_shutdown_timer_after_a_clean_shutdown(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(answered_close_notify, tls_files)
+    assert seen[0][:2] == ["made", "eof"] and seen[0][3:] == ["lost"]
+    assert seen[1:] == (None, ["sent"])
+    assert handled == []
