@@ -244,8 +244,8 @@ class KeepOpen(Recording):
 
 async def logged(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """What asyncio's logger says of a protocol whose eof_received() returns
-    true at the peer's close_notify, and of writes after close() (past the
-    threshold: one warning per write)."""
+    true at the peer's close_notify, and of writes after close() and after
+    abort() (past the threshold: one warning per write)."""
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
@@ -263,7 +263,14 @@ async def logged(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
             transport2.write(b"after close")
         await peer2.lost
         seen.append((transport2.get_write_buffer_size(), list(records)))
-        for srv in (server, server2):
+        records.clear()
+        server3, transport3, _, peer3 = await pair(loop, files)
+        transport3.abort()  # UNWRAPPED at once: the writes are dropped by this layer
+        for _ in range(8):
+            transport3.write(b"after abort")
+        await peer3.lost
+        seen.append((transport3.get_write_buffer_size(), list(records)))
+        for srv in (server, server2, server3):
             srv.close()
             await srv.wait_closed()
     finally:
@@ -276,6 +283,7 @@ def test_what_the_logger_says(tls_files: TlsFiles) -> None:
     assert seen[0] == (["made", "eof", "lost"],
                        ["returning true from eof_received() has no effect when using ssl"])
     assert seen[1] == (0, ["SSL connection is closed"] * 3)
+    assert seen[2] == (0, ["SSL connection is closed"] * 3)
     assert handled == []
 
 
