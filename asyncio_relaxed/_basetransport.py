@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextvars
 import socket
 import warnings
+import weakref
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from ._shared import TransportShared
 __all__ = ["SHARED_MAX", "Reading", "TransportBase", "repr_head"]
 
 _copy_context = contextvars.copy_context
+_ref = weakref.ref
 
 # get_extra_info's fallback when the caller passed no extra keys of its own.
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -243,8 +245,23 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         if server is not None:
             self._server = server
             _compat.server_attach(server, self)
-        self._loop._transports[self._sock_fd] = self
+        # The entry of loop._transports (a WeakValueDictionary, read by
+        # stock's _ensure_fd_no_transport) as a plain weak reference put in
+        # its dict: no KeyedRef, and no removal callback when the transport
+        # dies, since _forget() removes the entry when the socket closes.
+        self._loop._transports.data[self._sock_fd] = _ref(self)
         self._shared.poller.own(self._sock_fd)
+
+    def _forget(self) -> None:
+        """The socket closes: the loop's entry for its fd goes, if it is
+        this transport's (a dead reference too: the collector may clear the
+        reference before a finaliser runs)."""
+        transports = self._loop._transports.data
+        reference = transports.get(self._sock_fd)
+        if reference is not None:
+            transport = reference()
+            if transport is self or transport is None:
+                del transports[self._sock_fd]
 
     # -- the loop's scheduling, in the transport's context (3.15) ----------
 
@@ -366,6 +383,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._conn_lost += 1
         self._lost()
         self._release_fd()
+        self._forget()
         self._sock.close()
         self._detach_server()
 

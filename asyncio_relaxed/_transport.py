@@ -627,6 +627,7 @@ class SocketTransport(TransportBase):
     def _socket_lost(self) -> None:
         """The end: the socket closed, the transport out of its loop and server."""
         # close() or _force_close() released the fd: nothing is deferred.
+        self._forget()
         sock: Any = self._sock
         if type(sock) is _SOCKET:
             # socket.socket.close(), its body inline (_sockets.C_CLOSE).
