@@ -257,11 +257,9 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         this transport's (a dead reference too: the collector may clear the
         reference before a finaliser runs)."""
         transports = self._loop._transports.data
-        reference = transports.get(self._sock_fd)
-        if reference is not None:
-            transport = reference()
-            if transport is self or transport is None:
-                del transports[self._sock_fd]
+        reference = transports.pop(self._sock_fd, None)
+        if reference is not None and reference() not in (self, None):
+            transports[self._sock_fd] = reference  # another's: it stays
 
     # -- the loop's scheduling, in the transport's context (3.15) ----------
 
@@ -269,18 +267,13 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
     # None before 3.15 and for a transport made without a context, so a
     # copy of the current context, as stock's.
 
-    if _compat.PY315:
-        def _watch_read(self, callback: Any) -> None:
-            self._loop._add_reader(self._sock_fd, callback, context=self._context)
+    # The reader and the writer go to the loop's _set_callback, which its
+    # _add_reader and _add_writer call (slot 0 and 1): one frame less.
+    def _watch_read(self, callback: Any) -> None:
+        self._loop._set_callback(self._sock_fd, 0, callback, (), self._context)
 
-        def _watch_write(self) -> None:
-            self._loop._add_writer(self._sock_fd, self._write_ready, context=self._context)
-    else:
-        def _watch_read(self, callback: Any) -> None:
-            self._loop._add_reader(self._sock_fd, callback)
-
-        def _watch_write(self) -> None:
-            self._loop._add_writer(self._sock_fd, self._write_ready)
+    def _watch_write(self) -> None:
+        self._loop._set_callback(self._sock_fd, 1, self._write_ready, (), self._context)
 
     def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
         """Stock's transport method (start_tls and tests call it)."""
@@ -301,7 +294,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         through another selector or is closed."""
         loop = self._loop
         poller = self._shared.poller
-        if loop._selector is not poller or poller.replaced or loop.is_closed():
+        if loop._selector is not poller or poller.replaced or loop._closed:
             self._unwatch_read()
             self._release_fd()
             return

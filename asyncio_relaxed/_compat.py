@@ -85,6 +85,7 @@ __all__ = [
     "format_handle",
     "loop_logger",
     "move_stream_buffer",
+    "new_handle",
     "pipe_logger",
     "run",
     "server_active_count",
@@ -267,6 +268,23 @@ def call_soon(self: Any, callback: Any, *args: Any, context: Any = None) -> Any:
     handle._repr = None
     handle._source_traceback = None
     self._ready.append(handle)
+    return handle
+
+
+def new_handle(callback: Any, args: tuple[Any, ...], loop: Any, context: Any) -> Any:
+    """``events.Handle(callback, args, loop, context)`` without the frames of
+    Handle.__init__ and get_debug: the fields call_soon sets.  For the
+    loop's readers and writers (Loop._set_callback), which call it only
+    outside debug mode and while ``events.Handle`` is stock's, as call_soon's
+    fast path (tests/test_loop.py holds the two to Handle.__init__)."""
+    handle = _new_object(Handle)
+    handle._context = _copy_context() if context is None else context
+    handle._loop = loop
+    handle._callback = callback
+    handle._args = args
+    handle._cancelled = False
+    handle._repr = None
+    handle._source_traceback = None
     return handle
 
 

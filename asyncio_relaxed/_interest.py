@@ -173,10 +173,13 @@ class InterestTable:
         """*fd* is in the COMMON state (registered, no entry)."""
         return fd not in self.states and fd in self.data
 
-    def end_common(self, fd: int) -> Any:
+    def end_common(self, fd: int, other: Any) -> Any:
         """A COMMON fd unregistered and released, the kernel about to be
         told to drop it: its data.  What :meth:`unregister`, :meth:`release`
-        and :meth:`set_applied` make of it (0: no entry), in one step."""
+        and :meth:`set_applied` make of it (0: no entry), in one step.  An
+        fd in any other state is left as it is, and *other* returned."""
+        if fd in self.states or fd not in self.data:  # not COMMON
+            return other
         self.dirty.discard(fd)
         return self.data.pop(fd)
 

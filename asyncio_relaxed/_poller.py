@@ -436,12 +436,12 @@ class DeferredSelector(selectors.BaseSelector):
         COMMON fd (owned, reading only, the kernel told) is dropped with one
         DEL; any other goes through those two.  Returns the reader
         removed, or None."""
-        table = self._table
-        if self._epoll is None or not table.common(fd):
+        data = _MISSING if self._epoll is None else self._table.end_common(fd, _MISSING)
+        if data is _MISSING:  # not COMMON, or not epoll
             removed = self.clear_callback(fd, 0)
             self.release(fd)
             return None if removed is _MISSING else removed
-        reader = table.end_common(fd)[0]
+        reader = data[0]
         if self._fileobjs:
             self._fileobjs.pop(fd, None)
         self.stats.epoll_ctl_del += 1

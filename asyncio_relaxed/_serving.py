@@ -197,11 +197,8 @@ class Serving:
                     ssl_shutdown_timeout=listener.timeouts[1],
                 )
             else:
-                transport = SocketTransport(
-                    loop, conn, protocol, None, extra, listener.server, shared=self.shared,
-                    inherited_options=listener.inherits,
-                    context=context,
-                )
+                transport = SocketTransport(loop, conn, protocol, None, extra, listener.server,
+                                            self.shared, listener.inherits, context)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:

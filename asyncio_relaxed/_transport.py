@@ -147,12 +147,14 @@ class SocketTransport(TransportBase):
         waiter: Any = None,
         extra: dict[str, Any] | None = None,
         server: Any = None,
-        *,
-        shared: TransportShared,
+        shared: TransportShared | None = None,
         inherited_options: bool = False,
         context: Any = None,
     ) -> None:
-        super().__init__(loop, sock, extra, server, shared, context)
+        # (The accept path passes every argument by position: a call with
+        # keywords makes a dict of them, per connection.)
+        assert shared is not None, "a transport needs its loop's TransportShared"
+        TransportBase.__init__(self, loop, sock, extra, server, shared, context)
         # recv() size for the next read while reads are small
         # (shared.small_read: SMALL_READ, or read_size if smaller) or
         # streaming (read_size); in buffer mode (recv_into the loop's

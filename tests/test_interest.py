@@ -147,8 +147,11 @@ class TableMachine(RuleBasedStateMachine):
         common = fd.registered and fd.encoded() == COMMON
         assert self.table.common(number) == common
         if not common:
+            before = self.table.state(number)
+            assert self.table.end_common(number, None) is None
+            assert self.table.state(number) == before  # left as it is
             return
-        assert self.table.end_common(number) is fd.data
+        assert self.table.end_common(number, None) is fd.data
         fd.registered, fd.wanted, fd.data, fd.owned, fd.dirty = False, 0, None, False, False
         fd.applied = 0  # the poller's EPOLL_CTL_DEL
         assert self.table.state(number) == 0
