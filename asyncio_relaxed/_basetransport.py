@@ -34,10 +34,14 @@ from typing import TYPE_CHECKING, Any
 from . import _compat
 from ._shared import TransportShared
 
-__all__ = ["SHARED_MAX", "Reading", "TransportBase", "repr_head"]
+__all__ = ["ASK", "SHARED_MAX", "Reading", "TransportBase", "repr_head"]
 
 _copy_context = contextvars.copy_context
 _ref = weakref.ref
+
+#: A transport's peername argument when the caller has none to give: the
+#: transport takes it from *extra*, or asks the socket.
+ASK: Any = object()
 
 # get_extra_info's fallback when the caller passed no extra keys of its own.
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -192,7 +196,8 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         _context: Any = None
 
     def __init__(self, loop: Any, sock: socket.socket, extra: dict[str, Any] | None,
-                 server: Any, shared: TransportShared, context: Any) -> None:
+                 server: Any, shared: TransportShared, context: Any,
+                 peername: Any = ASK) -> None:
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
         self._server = None
@@ -203,16 +208,17 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._extra_dict: dict[str, Any] | None = None  # see the _extra property
         if _compat.PY315:
             self._context = context
-        if extra:
-            if "peername" in extra:
-                peername = extra["peername"]
-                if len(extra) == 1:
-                    extra = None  # the accept path's only key: kept in a slot
+        if peername is ASK:  # else the accept path's peer address, and no extra
+            if extra:
+                if "peername" in extra:
+                    peername = extra["peername"]
+                    if len(extra) == 1:
+                        extra = None  # an accept path's only key: kept in a slot
+                else:
+                    peername = _peername(sock)
             else:
                 peername = _peername(sock)
-        else:
-            peername = _peername(sock)
-            extra = None
+                extra = None
         # FlowControlMixin.__init__ and BaseTransport.__init__ (the same code
         # from 3.11 to 3.15 and on PyPy; tests/test_transport.py holds this
         # to them), without their three frames and the property setter's.
@@ -234,8 +240,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._tsock: Any = sock
         self._sock = sock
         self._sock_fd = sock.fileno()
-        self._protocol_connected = False
-        self._protocol = None  # set_protocol() compares with the previous one
+        # The subclass sets _protocol and _protocol_connected next.
 
     def _attach(self, server: Any) -> None:
         """Count the transport in its asyncio Server's connections, enter it

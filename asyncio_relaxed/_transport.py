@@ -55,7 +55,7 @@ import socket
 from typing import Any
 
 from . import _compat
-from ._basetransport import TransportBase
+from ._basetransport import ASK, TransportBase
 from ._shared import TransportShared
 from ._sockets import C_CLOSE, HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
 from ._writes import IDLE
@@ -150,17 +150,20 @@ class SocketTransport(TransportBase):
         shared: TransportShared | None = None,
         inherited_options: bool = False,
         context: Any = None,
+        peername: Any = ASK,
     ) -> None:
         # (The accept path passes every argument by position: a call with
         # keywords makes a dict of them, per connection.)
         assert shared is not None, "a transport needs its loop's TransportShared"
-        TransportBase.__init__(self, loop, sock, extra, server, shared, context)
+        TransportBase.__init__(self, loop, sock, extra, server, shared, context, peername)
         # recv() size for the next read while reads are small
         # (shared.small_read: SMALL_READ, or read_size if smaller) or
         # streaming (read_size); in buffer mode (recv_into the loop's
         # buffer) 0, or -1 after one short read.
         self._recv_size = shared.small_read
-        self.set_protocol(protocol)
+        # set_protocol(protocol) on a transport that had none: nothing to swap.
+        self._protocol = protocol
+        self._protocol_connected = True
         # A list, not a deque: an empty deque costs 760 bytes per connection
         # (its first block), a list 56; chunks leave from the front only in
         # _consume, with one slice deletion per send.  Made by the first
@@ -314,7 +317,7 @@ class SocketTransport(TransportBase):
         self._read_ready__on_eof()
 
     def _read_ready__on_eof(self) -> None:
-        if self._loop.get_debug():
+        if self._loop._debug:  # get_debug()
             _compat.transport_logger().debug("%r received EOF", self)
         try:
             keep_open = self._protocol.eof_received()
