@@ -222,7 +222,10 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         # FlowControlMixin.__init__ and BaseTransport.__init__ (the same code
         # from 3.11 to 3.15 and on PyPy; tests/test_transport.py holds this
         # to them), without their three frames and the property setter's.
-        _RAW_EXTRA.__set__(self, extra or _NO_EXTRA)
+        # BaseTransport's _extra slot holds the caller's keys, set only when
+        # it gave some (_caller_extra reads it).
+        if extra:
+            _RAW_EXTRA.__set__(self, extra)
         self._loop = loop
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
@@ -482,7 +485,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
     def _extra(self) -> dict[str, Any]:
         made = self._extra_dict
         if made is None:
-            made = dict(_RAW_EXTRA.__get__(self, type(self)))
+            made = dict(self._caller_extra())
             made["socket"] = self._transport_socket()
             made["sockname"] = self._sockname
             made["peername"] = self._peername  # the caller's, when it gave one
@@ -510,7 +513,14 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
             return self._sockname
         if name == "socket":
             return self._transport_socket()
-        return _RAW_EXTRA.__get__(self, type(self)).get(name, default)
+        return self._caller_extra().get(name, default)
+
+    def _caller_extra(self) -> Mapping[str, Any]:
+        """The extra keys the transport's maker passed (none: an empty map)."""
+        try:
+            return _RAW_EXTRA.__get__(self, type(self))  # type: ignore[no-any-return]
+        except AttributeError:  # the slot was never set
+            return _NO_EXTRA
 
     def _transport_socket(self) -> Any:
         tsock = self._tsock

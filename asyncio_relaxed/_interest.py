@@ -162,12 +162,17 @@ class InterestTable:
         holds nothing for it (a transport's new socket)."""
         return self.states.get(fd) == OWNED
 
-    def start_common(self, fd: int, data: Any) -> None:
+    def start_common(self, fd: int, data: Any) -> bool:
         """A :meth:`fresh` fd registered for reading with *data*, the
-        kernel told: COMMON.  What :meth:`register` and :meth:`set_applied`
-        make of it, in one step."""
+        kernel about to be told: COMMON (whether *fd* was fresh; any other
+        is left as it is).  What :meth:`register` and :meth:`set_applied`
+        make of it, in one step.  Undone by :meth:`end_common`, then
+        :meth:`own`, if the kernel refuses."""
+        if self.states.get(fd) != OWNED:  # not fresh
+            return False
         del self.states[fd]
         self.data[fd] = data
+        return True
 
     def common(self, fd: int) -> bool:
         """*fd* is in the COMMON state (registered, no entry)."""

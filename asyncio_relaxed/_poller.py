@@ -390,16 +390,19 @@ class DeferredSelector(selectors.BaseSelector):
         data = self._data.get(fd, _MISSING)
         if data is _MISSING:
             if (not which and fileobj is fd and self._epoll is not None
-                    and self._table.fresh(fd)):
+                    and self._table.start_common(fd, (handle, None))):
                 # A transport's new socket (owned, nothing registered, the
-                # kernel holding nothing): one ADD, and it is COMMON.
+                # kernel holding nothing): COMMON, and one ADD.
                 self.stats.epoll_ctl_add += 1
                 try:
                     self._epoll.register(fd, EPOLLIN)
-                except OSError:
-                    pass  # register() below knows what each refusal means
+                except BaseException as exc:
+                    # Fresh again: register() below knows what each refusal means.
+                    self._table.end_common(fd, None)
+                    self._table.own(fd)
+                    if not isinstance(exc, OSError):
+                        raise
                 else:
-                    self._table.start_common(fd, (handle, None))
                     return None
             self.register(fileobj, EVENT_WRITE if which else EVENT_READ,
                           (None, handle) if which else (handle, None))
