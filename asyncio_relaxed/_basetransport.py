@@ -88,7 +88,7 @@ def _accepted_addresses(peername: Any, sock: socket.socket) -> tuple[Any, Any]:
         if host is None:
             _remember(_PEER_HOSTS, peername[0])
         elif host is not peername[0]:
-            peername = (host, *peername[1:])
+            peername = (host, peername[1]) if len(peername) == 2 else (host, *peername[1:])
     return peername, sockname
 
 

@@ -394,17 +394,18 @@ _ATTACH_TAKES_TRANSPORT = (
 )
 
 
-def server_attach(server: Any, transport: Any) -> None:
-    if _ATTACH_TAKES_TRANSPORT:
+# (Each chosen once, here: they run twice per accepted connection.)
+if _ATTACH_TAKES_TRANSPORT:
+    def server_attach(server: Any, transport: Any) -> None:
         server._attach(transport)
-    else:
+
+    def server_detach(server: Any, transport: Any) -> None:
+        server._detach(transport)
+else:
+    def server_attach(server: Any, transport: Any) -> None:
         server._attach()
 
-
-def server_detach(server: Any, transport: Any) -> None:
-    if _ATTACH_TAKES_TRANSPORT:
-        server._detach(transport)
-    else:
+    def server_detach(server: Any, transport: Any) -> None:
         server._detach()
 
 

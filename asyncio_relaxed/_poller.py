@@ -386,7 +386,8 @@ class DeferredSelector(selectors.BaseSelector):
         registered or its mask widened.  Returns the handle it replaced, or
         None.  What stock's _add_reader/_add_writer do through get_map(),
         register() and modify(), without a SelectorKey."""
-        fd = self._lookup(fileobj)
+        # _lookup()'s first case, the loop's, without its call.
+        fd = fileobj if type(fileobj) is int and fileobj >= 0 else self._lookup(fileobj)
         data = self._data.get(fd, _MISSING)
         if data is _MISSING:
             if (not which and fileobj is fd and self._epoll is not None
