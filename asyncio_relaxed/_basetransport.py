@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextvars
 import socket
 import warnings
+import weakref
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,14 @@ from typing import TYPE_CHECKING, Any
 from . import _compat
 from ._shared import TransportShared
 
-__all__ = ["SHARED_MAX", "Reading", "TransportBase", "repr_head"]
+__all__ = ["ASK", "SHARED_MAX", "Reading", "TransportBase", "repr_head"]
 
 _copy_context = contextvars.copy_context
+_ref = weakref.ref
+
+#: A transport's peername argument when the caller has none to give: the
+#: transport takes it from *extra*, or asks the socket.
+ASK: Any = object()
 
 # get_extra_info's fallback when the caller passed no extra keys of its own.
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -82,7 +88,7 @@ def _accepted_addresses(peername: Any, sock: socket.socket) -> tuple[Any, Any]:
         if host is None:
             _remember(_PEER_HOSTS, peername[0])
         elif host is not peername[0]:
-            peername = (host, *peername[1:])
+            peername = (host, peername[1]) if len(peername) == 2 else (host, *peername[1:])
     return peername, sockname
 
 
@@ -190,7 +196,8 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         _context: Any = None
 
     def __init__(self, loop: Any, sock: socket.socket, extra: dict[str, Any] | None,
-                 server: Any, shared: TransportShared, context: Any) -> None:
+                 server: Any, shared: TransportShared, context: Any,
+                 peername: Any = ASK) -> None:
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
         self._server = None
@@ -201,20 +208,24 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._extra_dict: dict[str, Any] | None = None  # see the _extra property
         if _compat.PY315:
             self._context = context
-        if extra:
-            if "peername" in extra:
-                peername = extra["peername"]
-                if len(extra) == 1:
-                    extra = None  # the accept path's only key: kept in a slot
+        if peername is ASK:  # else the accept path's peer address, and no extra
+            if extra:
+                if "peername" in extra:
+                    peername = extra["peername"]
+                    if len(extra) == 1:
+                        extra = None  # an accept path's only key: kept in a slot
+                else:
+                    peername = _peername(sock)
             else:
                 peername = _peername(sock)
-        else:
-            peername = _peername(sock)
-            extra = None
+                extra = None
         # FlowControlMixin.__init__ and BaseTransport.__init__ (the same code
         # from 3.11 to 3.15 and on PyPy; tests/test_transport.py holds this
         # to them), without their three frames and the property setter's.
-        _RAW_EXTRA.__set__(self, extra or _NO_EXTRA)
+        # BaseTransport's _extra slot holds the caller's keys, set only when
+        # it gave some (_caller_extra reads it).
+        if extra:
+            _RAW_EXTRA.__set__(self, extra)
         self._loop = loop
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
@@ -232,8 +243,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._tsock: Any = sock
         self._sock = sock
         self._sock_fd = sock.fileno()
-        self._protocol_connected = False
-        self._protocol = None  # set_protocol() compares with the previous one
+        # The subclass sets _protocol and _protocol_connected next.
 
     def _attach(self, server: Any) -> None:
         """Count the transport in its asyncio Server's connections, enter it
@@ -243,8 +253,21 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         if server is not None:
             self._server = server
             _compat.server_attach(server, self)
-        self._loop._transports[self._sock_fd] = self
+        # The entry of loop._transports (a WeakValueDictionary, read by
+        # stock's _ensure_fd_no_transport) as a plain weak reference put in
+        # its dict: no KeyedRef, and no removal callback when the transport
+        # dies, since _forget() removes the entry when the socket closes.
+        self._loop._transports.data[self._sock_fd] = _ref(self)
         self._shared.poller.own(self._sock_fd)
+
+    def _forget(self) -> None:
+        """The socket closes: the loop's entry for its fd goes, if it is
+        this transport's (a dead reference too: the collector may clear the
+        reference before a finaliser runs)."""
+        transports = self._loop._transports.data
+        reference = transports.pop(self._sock_fd, None)
+        if reference is not None and reference() not in (self, None):
+            transports[self._sock_fd] = reference  # another's: it stays
 
     # -- the loop's scheduling, in the transport's context (3.15) ----------
 
@@ -252,18 +275,13 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
     # None before 3.15 and for a transport made without a context, so a
     # copy of the current context, as stock's.
 
-    if _compat.PY315:
-        def _watch_read(self, callback: Any) -> None:
-            self._loop._add_reader(self._sock_fd, callback, context=self._context)
+    # The reader and the writer go to the loop's _set_callback, which its
+    # _add_reader and _add_writer call (slot 0 and 1): one frame less.
+    def _watch_read(self, callback: Any) -> None:
+        self._loop._set_callback(self._sock_fd, 0, callback, (), self._context)
 
-        def _watch_write(self) -> None:
-            self._loop._add_writer(self._sock_fd, self._write_ready, context=self._context)
-    else:
-        def _watch_read(self, callback: Any) -> None:
-            self._loop._add_reader(self._sock_fd, callback)
-
-        def _watch_write(self) -> None:
-            self._loop._add_writer(self._sock_fd, self._write_ready)
+    def _watch_write(self) -> None:
+        self._loop._set_callback(self._sock_fd, 1, self._write_ready, (), self._context)
 
     def _add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
         """Stock's transport method (start_tls and tests call it)."""
@@ -284,7 +302,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         through another selector or is closed."""
         loop = self._loop
         poller = self._shared.poller
-        if loop._selector is not poller or poller.replaced or loop.is_closed():
+        if loop._selector is not poller or poller.replaced or loop._closed:
             self._unwatch_read()
             self._release_fd()
             return
@@ -366,6 +384,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._conn_lost += 1
         self._lost()
         self._release_fd()
+        self._forget()
         self._sock.close()
         self._detach_server()
 
@@ -466,7 +485,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
     def _extra(self) -> dict[str, Any]:
         made = self._extra_dict
         if made is None:
-            made = dict(_RAW_EXTRA.__get__(self, type(self)))
+            made = dict(self._caller_extra())
             made["socket"] = self._transport_socket()
             made["sockname"] = self._sockname
             made["peername"] = self._peername  # the caller's, when it gave one
@@ -494,7 +513,14 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
             return self._sockname
         if name == "socket":
             return self._transport_socket()
-        return _RAW_EXTRA.__get__(self, type(self)).get(name, default)
+        return self._caller_extra().get(name, default)
+
+    def _caller_extra(self) -> Mapping[str, Any]:
+        """The extra keys the transport's maker passed (none: an empty map)."""
+        try:
+            return _RAW_EXTRA.__get__(self, type(self))  # type: ignore[no-any-return]
+        except AttributeError:  # the slot was never set
+            return _NO_EXTRA
 
     def _transport_socket(self) -> Any:
         tsock = self._tsock

@@ -85,6 +85,7 @@ __all__ = [
     "format_handle",
     "loop_logger",
     "move_stream_buffer",
+    "new_handle",
     "pipe_logger",
     "run",
     "server_active_count",
@@ -270,6 +271,23 @@ def call_soon(self: Any, callback: Any, *args: Any, context: Any = None) -> Any:
     return handle
 
 
+def new_handle(callback: Any, args: tuple[Any, ...], loop: Any, context: Any) -> Any:
+    """``events.Handle(callback, args, loop, context)`` without the frames of
+    Handle.__init__ and get_debug: the fields call_soon sets.  For the
+    loop's readers and writers (Loop._set_callback), which call it only
+    outside debug mode and while ``events.Handle`` is stock's, as call_soon's
+    fast path (tests/test_loop.py holds the two to Handle.__init__)."""
+    handle = _new_object(Handle)
+    handle._context = _copy_context() if context is None else context
+    handle._loop = loop
+    handle._callback = callback
+    handle._args = args
+    handle._cancelled = False
+    handle._repr = None
+    handle._source_traceback = None
+    return handle
+
+
 # The selector loop's _process_events: a subclass or a patch that replaces it
 # gets stock's (key, mask) pairs, not the poller's (fd, data, mask).
 STOCK_PROCESS_EVENTS: Any = selector_events.BaseSelectorEventLoop._process_events  # type: ignore[attr-defined]
@@ -376,17 +394,18 @@ _ATTACH_TAKES_TRANSPORT = (
 )
 
 
-def server_attach(server: Any, transport: Any) -> None:
-    if _ATTACH_TAKES_TRANSPORT:
+# (Each chosen once, here: they run twice per accepted connection.)
+if _ATTACH_TAKES_TRANSPORT:
+    def server_attach(server: Any, transport: Any) -> None:
         server._attach(transport)
-    else:
+
+    def server_detach(server: Any, transport: Any) -> None:
+        server._detach(transport)
+else:
+    def server_attach(server: Any, transport: Any) -> None:
         server._attach()
 
-
-def server_detach(server: Any, transport: Any) -> None:
-    if _ATTACH_TAKES_TRANSPORT:
-        server._detach(transport)
-    else:
+    def server_detach(server: Any, transport: Any) -> None:
         server._detach()
 
 

@@ -302,6 +302,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
+            self._forget()
             self._sock.close()  # type: ignore[union-attr]
             self._sock = None
             self._protocol = None

@@ -162,21 +162,29 @@ class InterestTable:
         holds nothing for it (a transport's new socket)."""
         return self.states.get(fd) == OWNED
 
-    def start_common(self, fd: int, data: Any) -> None:
+    def start_common(self, fd: int, data: Any) -> bool:
         """A :meth:`fresh` fd registered for reading with *data*, the
-        kernel told: COMMON.  What :meth:`register` and :meth:`set_applied`
-        make of it, in one step."""
+        kernel about to be told: COMMON (whether *fd* was fresh; any other
+        is left as it is).  What :meth:`register` and :meth:`set_applied`
+        make of it, in one step.  Undone by :meth:`end_common`, then
+        :meth:`own`, if the kernel refuses."""
+        if self.states.get(fd) != OWNED:  # not fresh
+            return False
         del self.states[fd]
         self.data[fd] = data
+        return True
 
     def common(self, fd: int) -> bool:
         """*fd* is in the COMMON state (registered, no entry)."""
         return fd not in self.states and fd in self.data
 
-    def end_common(self, fd: int) -> Any:
+    def end_common(self, fd: int, other: Any) -> Any:
         """A COMMON fd unregistered and released, the kernel about to be
         told to drop it: its data.  What :meth:`unregister`, :meth:`release`
-        and :meth:`set_applied` make of it (0: no entry), in one step."""
+        and :meth:`set_applied` make of it (0: no entry), in one step.  An
+        fd in any other state is left as it is, and *other* returned."""
+        if fd in self.states or fd not in self.data:  # not COMMON
+            return other
         self.dirty.discard(fd)
         return self.data.pop(fd)
 

@@ -53,6 +53,7 @@ _STOCK_REMOVE_WRITER = _compat.SelectorEventLoop._remove_writer
 _ROUTE_NAMES = frozenset({"_process_events", "_selector"})
 _monotonic = time.monotonic
 _Handle = _compat.Handle
+_new_handle = _compat.new_handle
 _TimerHandle = _compat.TimerHandle
 # The handle classes the run loop runs without Handle._run's frame, by which
 # of them still have stock's _run (TimerHandle inherits Handle's).
@@ -258,8 +259,12 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             if _compat.PY315:
                 return stock(self, fd, callback, *args, context=context)
             return stock(self, fd, callback, *args)
-        self._check_closed()
-        handle = _compat.events.Handle(callback, args, self, context)
+        if self._closed:  # _check_closed()
+            raise RuntimeError("Event loop is closed")
+        if self._debug or _compat.events.Handle is not _Handle:
+            handle = _compat.events.Handle(callback, args, self, context)
+        else:
+            handle = _new_handle(callback, args, self, context)
         replaced = selector.set_callback(fd, which, handle)
         if replaced is not None:
             replaced.cancel()

@@ -386,20 +386,24 @@ class DeferredSelector(selectors.BaseSelector):
         registered or its mask widened.  Returns the handle it replaced, or
         None.  What stock's _add_reader/_add_writer do through get_map(),
         register() and modify(), without a SelectorKey."""
-        fd = self._lookup(fileobj)
+        # _lookup()'s first case, the loop's, without its call.
+        fd = fileobj if type(fileobj) is int and fileobj >= 0 else self._lookup(fileobj)
         data = self._data.get(fd, _MISSING)
         if data is _MISSING:
             if (not which and fileobj is fd and self._epoll is not None
-                    and self._table.fresh(fd)):
+                    and self._table.start_common(fd, (handle, None))):
                 # A transport's new socket (owned, nothing registered, the
-                # kernel holding nothing): one ADD, and it is COMMON.
+                # kernel holding nothing): COMMON, and one ADD.
                 self.stats.epoll_ctl_add += 1
                 try:
                     self._epoll.register(fd, EPOLLIN)
-                except OSError:
-                    pass  # register() below knows what each refusal means
+                except BaseException as exc:
+                    # Fresh again: register() below knows what each refusal means.
+                    self._table.end_common(fd, None)
+                    self._table.own(fd)
+                    if not isinstance(exc, OSError):
+                        raise
                 else:
-                    self._table.start_common(fd, (handle, None))
                     return None
             self.register(fileobj, EVENT_WRITE if which else EVENT_READ,
                           (None, handle) if which else (handle, None))
@@ -436,12 +440,12 @@ class DeferredSelector(selectors.BaseSelector):
         COMMON fd (owned, reading only, the kernel told) is dropped with one
         DEL; any other goes through those two.  Returns the reader
         removed, or None."""
-        table = self._table
-        if self._epoll is None or not table.common(fd):
+        data = _MISSING if self._epoll is None else self._table.end_common(fd, _MISSING)
+        if data is _MISSING:  # not COMMON, or not epoll
             removed = self.clear_callback(fd, 0)
             self.release(fd)
             return None if removed is _MISSING else removed
-        reader = table.end_common(fd)[0]
+        reader = data[0]
         if self._fileobjs:
             self._fileobjs.pop(fd, None)
         self.stats.epoll_ctl_del += 1

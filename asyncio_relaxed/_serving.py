@@ -158,16 +158,15 @@ class Serving:
             _compat.loop_logger().debug(
                 "%r got a new connection from %r: %r", listener.server, addr, conn
             )
-        extra = {"peername": addr}
         server_context = listener.context
         conn_context = server_context.copy() if server_context is not None else None
         if listener.sslcontext and not self.own_tls:
             coro = (
-                loop._accept_connection2(listener.protocol_factory, conn, extra,
+                loop._accept_connection2(listener.protocol_factory, conn, {"peername": addr},
                                          listener.sslcontext, listener.server,
                                          *listener.timeouts, context=conn_context)
                 if _compat.PY315 else
-                loop._accept_connection2(listener.protocol_factory, conn, extra,
+                loop._accept_connection2(listener.protocol_factory, conn, {"peername": addr},
                                          listener.sslcontext, listener.server,
                                          *listener.timeouts)
             )
@@ -175,11 +174,11 @@ class Serving:
         elif conn_context is None:
             # The context copy keeps stock's task's isolation of context
             # variables: the protocol factory runs in it, as in that task.
-            contextvars.copy_context().run(self._serve, listener, conn, extra, None)
+            contextvars.copy_context().run(self._serve, listener, conn, addr, None)
         else:
-            conn_context.run(self._serve, listener, conn, extra, conn_context)
+            conn_context.run(self._serve, listener, conn, addr, conn_context)
 
-    def _serve(self, listener: Listener, conn: socket.socket, extra: dict[str, Any],
+    def _serve(self, listener: Listener, conn: socket.socket, addr: Any,
                context: Any) -> None:
         """The protocol and its transport for *conn*, as stock's
         _accept_connection2 makes them; a TLS layer's handshake then reports
@@ -192,16 +191,15 @@ class Serving:
                 handshake = _Handshake(loop, protocol, self.handshakes)
                 transport = handshake.transport = loop._make_ssl_transport(
                     conn, protocol, listener.sslcontext, handshake, server_side=True,
-                    extra=extra, server=listener.server, context=context,
+                    extra={"peername": addr}, server=listener.server, context=context,
                     ssl_handshake_timeout=listener.timeouts[0],
                     ssl_shutdown_timeout=listener.timeouts[1],
                 )
             else:
-                transport = SocketTransport(
-                    loop, conn, protocol, None, extra, listener.server, shared=self.shared,
-                    inherited_options=listener.inherits,
-                    context=context,
-                )
+                # The peer's address as accept() gave it, without stock's
+                # extra dict: the transport keeps it in a slot.
+                transport = SocketTransport(loop, conn, protocol, None, None, listener.server,
+                                            self.shared, listener.inherits, context, addr)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:

@@ -55,7 +55,7 @@ import socket
 from typing import Any
 
 from . import _compat
-from ._basetransport import TransportBase
+from ._basetransport import ASK, TransportBase
 from ._shared import TransportShared
 from ._sockets import C_CLOSE, HAS_SENDMSG, IOV_MAX, SMALL_READ, is_tcp, set_options
 from ._writes import IDLE
@@ -147,18 +147,23 @@ class SocketTransport(TransportBase):
         waiter: Any = None,
         extra: dict[str, Any] | None = None,
         server: Any = None,
-        *,
-        shared: TransportShared,
+        shared: TransportShared | None = None,
         inherited_options: bool = False,
         context: Any = None,
+        peername: Any = ASK,
     ) -> None:
-        super().__init__(loop, sock, extra, server, shared, context)
+        # (The accept path passes every argument by position: a call with
+        # keywords makes a dict of them, per connection.)
+        assert shared is not None, "a transport needs its loop's TransportShared"
+        TransportBase.__init__(self, loop, sock, extra, server, shared, context, peername)
         # recv() size for the next read while reads are small
         # (shared.small_read: SMALL_READ, or read_size if smaller) or
         # streaming (read_size); in buffer mode (recv_into the loop's
         # buffer) 0, or -1 after one short read.
         self._recv_size = shared.small_read
-        self.set_protocol(protocol)
+        # set_protocol(protocol) on a transport that had none: nothing to swap.
+        self._protocol = protocol
+        self._protocol_connected = True
         # A list, not a deque: an empty deque costs 760 bytes per connection
         # (its first block), a list 56; chunks leave from the front only in
         # _consume, with one slice deletion per send.  Made by the first
@@ -221,8 +226,10 @@ class SocketTransport(TransportBase):
     def _start_reading(self) -> None:
         # The reader is the protocol kind's own read method, not _read_ready:
         # one call less per read.  set_protocol() re-registers on a change.
+        # (_watch_read's call, made here: one frame less per connection.)
         if not self._closing and not self._paused:
-            self._watch_read(self._read_method(self._protocol))
+            self._loop._set_callback(self._sock_fd, 0, self._read_method(self._protocol), (),
+                                     self._context)
 
     def get_write_buffer_size(self) -> int:
         return self._buffer_size
@@ -312,7 +319,7 @@ class SocketTransport(TransportBase):
         self._read_ready__on_eof()
 
     def _read_ready__on_eof(self) -> None:
-        if self._loop.get_debug():
+        if self._loop._debug:  # get_debug()
             _compat.transport_logger().debug("%r received EOF", self)
         try:
             keep_open = self._protocol.eof_received()
@@ -627,6 +634,7 @@ class SocketTransport(TransportBase):
     def _socket_lost(self) -> None:
         """The end: the socket closed, the transport out of its loop and server."""
         # close() or _force_close() released the fd: nothing is deferred.
+        self._forget()
         sock: Any = self._sock
         if type(sock) is _SOCKET:
             # socket.socket.close(), its body inline (_sockets.C_CLOSE).

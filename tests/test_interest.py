@@ -132,10 +132,13 @@ class TableMachine(RuleBasedStateMachine):
         fd = self.fd(number)
         fresh = (fd.owned and not fd.registered and not fd.applied and not fd.exclusive)
         assert self.table.fresh(number) == fresh
-        if not fresh:
-            return
         data = object()
-        self.table.start_common(number, data)
+        if not fresh:
+            before = self.table.state(number)
+            assert not self.table.start_common(number, data)
+            assert self.table.state(number) == before  # left as it is
+            return
+        assert self.table.start_common(number, data)
         fd.registered, fd.wanted, fd.data, fd.dirty = True, R, data, False
         fd.applied = R  # the poller's EPOLL_CTL_ADD
         assert self.table.state(number) == COMMON
@@ -147,8 +150,11 @@ class TableMachine(RuleBasedStateMachine):
         common = fd.registered and fd.encoded() == COMMON
         assert self.table.common(number) == common
         if not common:
+            before = self.table.state(number)
+            assert self.table.end_common(number, None) is None
+            assert self.table.state(number) == before  # left as it is
             return
-        assert self.table.end_common(number) is fd.data
+        assert self.table.end_common(number, None) is fd.data
         fd.registered, fd.wanted, fd.data, fd.owned, fd.dirty = False, 0, None, False, False
         fd.applied = 0  # the poller's EPOLL_CTL_DEL
         assert self.table.state(number) == 0

@@ -424,6 +424,60 @@ def test_call_soon_makes_its_handle_without_handle_init(
         loop.close()
 
 
+def _fields(handle: Any) -> dict[str, Any]:
+    return {name: getattr(handle, name) for name in
+            ("_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr")}
+
+
+def test_a_readers_handle_is_the_one_handle_init_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """_add_reader and _add_writer make their handles as call_soon does
+    (_compat.new_handle: Handle.__init__'s fields, without its frame and
+    get_debug's) outside debug mode: each field as stock's Handle(...) sets
+    it, the context the one given or a fresh copy; in debug mode, or with
+    events.Handle replaced, Handle.__init__ itself runs."""
+    calls: list[int] = []
+    stock_init = asyncio.Handle.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        stock_init(self, *args, **kwargs)
+
+    loop = asyncio_relaxed.new_event_loop()
+    a, b = socket.socketpair()
+    try:
+        context = contextvars.copy_context()
+        loop._add_reader(a.fileno(), print, 1, 2)  # type: ignore[attr-defined]
+        if sys.version_info >= (3, 15):  # the context argument is 3.15's
+            loop._add_writer(a.fileno(), print, context=context)  # type: ignore[attr-defined]
+        else:
+            loop._add_writer(a.fileno(), print)  # type: ignore[attr-defined]
+        reader, writer = loop._selector.get_key(a.fileno()).data  # type: ignore[attr-defined]
+        assert type(reader) is asyncio.Handle and type(writer) is asyncio.Handle
+        assert _fields(reader) == _fields(asyncio.Handle(print, (1, 2), loop, None))
+        assert _fields(writer) == _fields(asyncio.Handle(print, (), loop, context))
+        assert type(reader._context) is contextvars.Context  # type: ignore[attr-defined]
+        if sys.version_info >= (3, 15):
+            assert writer._context is context  # type: ignore[attr-defined]
+        else:
+            assert writer._context is not reader._context  # type: ignore[attr-defined]
+        monkeypatch.setattr(asyncio.Handle, "__init__", counting)
+        loop._add_reader(a.fileno(), print)  # type: ignore[attr-defined]
+        assert calls == []
+        loop.set_debug(True)
+        loop._add_reader(a.fileno(), print)  # type: ignore[attr-defined]
+        assert calls == [1]  # debug mode: stock's way, which records where
+        reader = loop._selector.get_key(a.fileno()).data[0]  # type: ignore[attr-defined]
+        assert reader._source_traceback  # type: ignore[attr-defined]
+        loop._remove_reader(a.fileno())  # type: ignore[attr-defined]
+        loop._remove_writer(a.fileno())  # type: ignore[attr-defined]
+    finally:
+        a.close()
+        b.close()
+        loop.close()
+
+
 def test_the_loop_keeps_within_cpythons_shared_keys() -> None:
     """CPython shares the keys of a class's instance dicts up to 30 names;
     an instance past that gets a dict of its own, and every attribute read of

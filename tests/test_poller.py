@@ -1004,6 +1004,29 @@ def test_a_transports_start_and_close_match_the_general_route(pair: Pair, setup:
         general.close()
 
 
+def test_a_refused_add_of_a_fresh_fd_takes_the_general_route(tmp_path: Any) -> None:
+    """set_callback() makes a fresh fd COMMON before its ADD; when the kernel
+    refuses it (epoll's EPERM for a regular file, edge 5), the fd is fresh
+    again and register() decides, as it does for an fd own() and
+    register() were called on."""
+    fast, general = DeferredSelector(), DeferredSelector()
+    with open(tmp_path / "file", "wb") as file:
+        fd = file.fileno()
+        reader = object()
+        try:
+            for p in (fast, general):
+                p.own(fd)
+            fast.set_callback(fd, 0, reader)
+            general.register(fd, R, (reader, None))
+            assert (fast._state, fast._data, fast._always_ready) == (
+                general._state, general._data, general._always_ready)
+            assert fd in fast._always_ready
+            assert fast.ready(0) == general.ready(0)
+        finally:
+            fast.close()
+            general.close()
+
+
 def test_a_transports_socket_costs_one_add_and_one_del(pair: Pair) -> None:
     """The common case's kernel calls and table entries: an ADD at the
     start, no state entry while reading, a DEL at the close, nothing left."""

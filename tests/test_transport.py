@@ -283,3 +283,26 @@ def test_an_accepted_socket_is_a_whole_socket_and_closes_as_one() -> None:
         run(loop, main())
     finally:
         loop.close()
+
+
+def test_the_loops_entry_for_a_transport_lasts_as_long_as_its_socket() -> None:
+    """loop._transports (stock's _ensure_fd_no_transport reads it) names an
+    open transport's fd, so sock_recv() on that socket raises stock's
+    error; the entry goes when connection_lost closes the socket, though
+    the transport object lives on."""
+    loop = asyncio_relaxed.Loop()
+    a, b = socket.socketpair()
+    try:
+        transport, _ = run(loop, loop.connect_accepted_socket(asyncio.Protocol, a))
+        fd = a.fileno()
+        assert loop._transports[fd] is transport  # type: ignore[attr-defined]
+        with pytest.raises(RuntimeError, match="is used by transport"):
+            run(loop, loop.sock_recv(a, 1))
+        transport.close()
+        run(loop, asyncio.sleep(0))
+        assert transport.get_extra_info("socket").fileno() == -1
+        assert fd not in loop._transports.data  # type: ignore[attr-defined]
+        assert len(loop._transports) == 0  # type: ignore[attr-defined]
+    finally:
+        b.close()
+        loop.close()
