@@ -615,3 +615,32 @@ def test_the_shutdown_timer_after_a_clean_shutdown(tls_files: TlsFiles) -> None:
     assert seen[0][:2] == ["made", "eof"] and seen[0][3:] == ["lost"]
     assert seen[1:] == (None, ["sent"])
     assert handled == []
+
+
+async def eof_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """close() sends close_notify; the peer reads it and closes TCP without
+    answering: the EOF ends the shutdown, and the protocol hears eof_received
+    before connection_lost, as on stock."""
+    listener = _listener()
+
+    def after(conn: Any, obj: Any, outgoing: Any) -> str:
+        obj.write(b"hi")
+        conn.sendall(outgoing.read())
+        conn.recv(65536)  # the client's close_notify
+        conn.close()
+        return "closed"
+
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        transport, client = await _connect(loop, listener, files, ssl_shutdown_timeout=15)
+        await client.until(2)
+        transport.close()
+        exc = await asyncio.wait_for(client.lost, 10)
+        await loop.run_in_executor(None, thread.join)
+    return client.calls, exc, result
+
+
+def test_the_peers_eof_ends_a_shutdown(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(eof_after_close_notify, tls_files)
+    assert seen == (["made", "eof", "lost"], None, ["closed"])
+    assert handled == []
