@@ -19,6 +19,7 @@ import gc
 import logging
 import socket
 import ssl
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -643,4 +644,74 @@ async def eof_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFile
 def test_the_peers_eof_ends_a_shutdown(tls_files: TlsFiles) -> None:
     seen, handled = same_as_stock(eof_after_close_notify, tls_files)
     assert seen == (["made", "eof", "lost"], None, ["closed"])
+    assert handled == []
+
+
+class SmallBuffers(asyncio.BufferedProtocol):
+    """A BufferedProtocol that lends 100-byte buffers and records its calls."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.buffer = bytearray(100)
+        self.data = bytearray()
+        self.calls: list[str] = []
+        self.got_all = loop.create_future()
+        self.lost: asyncio.Future[BaseException | None] = loop.create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.calls.append("made")
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data += self.buffer[:nbytes]
+        if len(self.data) >= 1000 and not self.got_all.done():
+            self.calls.append("all data")
+            self.got_all.set_result(None)
+
+    def eof_received(self) -> None:
+        # Before this layer's own close_notify: not closing yet, as on stock.
+        self.calls.append(f"eof, closing={self.transport.is_closing()}")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.calls.append("lost")
+        self.lost.set_result(exc)
+
+
+async def buffered_reads(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """A BufferedProtocol whose buffers are smaller than a record: the rest
+    of what was decrypted comes in later iterations without more ciphertext;
+    then the peer's close_notify is eof_received, and the connection ends."""
+    listener = _listener()
+    go_on = threading.Event()
+
+    def after(conn: Any, obj: Any, outgoing: Any) -> str:
+        obj.write(bytes(range(250)) * 4)  # 1000 bytes in one record
+        conn.sendall(outgoing.read())
+        go_on.wait(10)  # until the client has it all
+        try:
+            obj.unwrap()
+        except ssl.SSLWantReadError:
+            pass
+        conn.sendall(outgoing.read())
+        conn.recv(65536)  # the client's close_notify, or its close
+        conn.close()
+        return "sent"
+
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        _, client = await loop.create_connection(
+            lambda: SmallBuffers(loop), *listener.getsockname(), ssl=files.client_context(),
+            server_hostname="localhost")
+        await asyncio.wait_for(client.got_all, 10)
+        go_on.set()
+        exc = await asyncio.wait_for(client.lost, 10)
+        await loop.run_in_executor(None, thread.join)
+    return client.calls, bytes(client.data) == bytes(range(250)) * 4, exc, result
+
+
+def test_a_buffered_protocol_over_tls(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(buffered_reads, tls_files)
+    assert seen == (["made", "all data", "eof, closing=False", "lost"], True, None, ["sent"])
     assert handled == []
