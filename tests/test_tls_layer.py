@@ -715,3 +715,44 @@ def test_a_buffered_protocol_over_tls(tls_files: TlsFiles) -> None:
     seen, handled = same_as_stock(buffered_reads, tls_files)
     assert seen == (["made", "all data", "eof, closing=False", "lost"], True, None, ["sent"])
     assert handled == []
+
+
+class RaisingOnEof(Recording):
+    def eof_received(self) -> None:
+        self.calls.append("eof")
+        raise ZeroDivisionError("from eof_received")
+
+
+async def eof_received_raises(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+    """The peer's close_notify reaches an eof_received that raises: the
+    error goes to the exception handler in stock's words, and the
+    connection ends with it."""
+    listener = _listener()
+
+    def after(conn: Any, obj: Any, outgoing: Any) -> str:
+        try:
+            obj.unwrap()
+        except ssl.SSLWantReadError:
+            pass
+        conn.sendall(outgoing.read())
+        try:
+            conn.recv(65536)
+        except OSError:
+            pass
+        conn.close()
+        return "sent"
+
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        _, client = await loop.create_connection(
+            lambda: RaisingOnEof(loop), *listener.getsockname(), ssl=files.client_context(),
+            server_hostname="localhost")
+        exc = await asyncio.wait_for(client.lost, 10)
+        await loop.run_in_executor(None, thread.join)
+    return client.calls, type(exc).__name__, result
+
+
+def test_an_eof_received_that_raises(tls_files: TlsFiles) -> None:
+    seen, handled = same_as_stock(eof_received_raises, tls_files)
+    assert seen == (["made", "eof", "lost"], "ZeroDivisionError", ["sent"])
+    assert handled == ["Error calling eof_received()"]
