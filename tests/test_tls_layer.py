@@ -19,6 +19,7 @@ import gc
 import logging
 import socket
 import ssl
+import struct
 import threading
 import weakref
 from collections.abc import Iterator
@@ -245,8 +246,9 @@ class KeepOpen(Recording):
 
 async def logged(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
     """What asyncio's logger says of a protocol whose eof_received() returns
-    true at the peer's close_notify, and of writes after close() and after
-    abort() (past the threshold: one warning per write)."""
+    true at the peer's close_notify, and of writes after close(), after
+    abort() and after the connection is lost (past the threshold: one
+    warning per write)."""
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
@@ -273,7 +275,18 @@ async def logged(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
         size = transport3.get_write_buffer_size()  # nothing kept
         await peer3.lost
         seen.append((size, list(records)))
-        for srv in (server, server2, server3):
+        records.clear()
+        server4, transport4, client4, peer4 = await pair(loop, files)
+        # The peer resets the connection (SO_LINGER 0): it is lost while
+        # WRAPPED, and the writes after it are counted from one.
+        peer4.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer4.transport.abort()
+        await client4.lost
+        for _ in range(8):
+            transport4.write(b"after the end")
+        seen.append((transport4.get_write_buffer_size(), list(records)))
+        for srv in (server, server2, server3, server4):
             srv.close()
             await srv.wait_closed()
     finally:
@@ -287,6 +300,7 @@ def test_what_the_logger_says(tls_files: TlsFiles) -> None:
                        ["returning true from eof_received() has no effect when using ssl"])
     assert seen[1] == (0, ["SSL connection is closed"] * 3)
     assert seen[2] == (0, ["SSL connection is closed"] * 3)
+    assert seen[3] == (0, ["SSL connection is closed"] * 4)
     assert handled == []
 
 
@@ -607,13 +621,14 @@ async def answered_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles
         await client.until(2)
         transport.close()
         exc = await client.lost
+        client.count_timers()  # none once the connection is lost
         await loop.run_in_executor(None, thread.join)
     return client.calls, exc, result
 
 
 def test_the_shutdown_timer_after_a_clean_shutdown(tls_files: TlsFiles) -> None:
     seen, handled = same_as_stock(answered_close_notify, tls_files)
-    assert seen[0][:2] == ["made", "eof"] and seen[0][3:] == ["lost"]
+    assert seen[0][:2] == ["made", "eof"] and seen[0][3:] == ["lost", "shutdown timers 0"]
     assert seen[1:] == (None, ["sent"])
     assert handled == []
 
