@@ -399,11 +399,8 @@ def test_handle_runs_in_its_context(loop: asyncio.AbstractEventLoop) -> None:
     assert seen == ["set", "set"]
 
 
-def test_call_soon_makes_its_handle_without_handle_init(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Outside debug mode ours sets the handle's fields itself (three Python
-    calls less per handle than stock's Handle.__init__ and get_debug)."""
+def _count_handle_inits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on each Handle.__init__ call appends to the list returned."""
     calls: list[int] = []
     stock_init = asyncio.Handle.__init__
 
@@ -411,8 +408,17 @@ def test_call_soon_makes_its_handle_without_handle_init(
         calls.append(1)
         stock_init(self, *args, **kwargs)
 
-    loop = asyncio_relaxed.new_event_loop()
     monkeypatch.setattr(asyncio.Handle, "__init__", counting)
+    return calls
+
+
+def test_call_soon_makes_its_handle_without_handle_init(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside debug mode ours sets the handle's fields itself (three Python
+    calls less per handle than stock's Handle.__init__ and get_debug)."""
+    loop = asyncio_relaxed.new_event_loop()
+    calls = _count_handle_inits(monkeypatch)
     try:
         loop.set_debug(False)
         loop.call_soon(print).cancel()
@@ -437,13 +443,6 @@ def test_a_readers_handle_is_the_one_handle_init_makes(
     get_debug's) outside debug mode: each field as stock's Handle(...) sets
     it, the context the one given or a fresh copy; in debug mode, or with
     events.Handle replaced, Handle.__init__ itself runs."""
-    calls: list[int] = []
-    stock_init = asyncio.Handle.__init__
-
-    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
-        calls.append(1)
-        stock_init(self, *args, **kwargs)
-
     loop = asyncio_relaxed.new_event_loop()
     a, b = socket.socketpair()
     try:
@@ -462,7 +461,7 @@ def test_a_readers_handle_is_the_one_handle_init_makes(
             assert writer._context is context  # type: ignore[attr-defined]
         else:
             assert writer._context is not reader._context  # type: ignore[attr-defined]
-        monkeypatch.setattr(asyncio.Handle, "__init__", counting)
+        calls = _count_handle_inits(monkeypatch)
         loop._add_reader(a.fileno(), print)  # type: ignore[attr-defined]
         assert calls == []
         loop.set_debug(True)

@@ -507,6 +507,37 @@ def test_a_close_during_the_handshake_aborts(tls_files: TlsFiles) -> None:
     assert handled == []
 
 
+def _send_close_notify(conn: Any, obj: Any, outgoing: Any) -> None:
+    """A _bio_peer's close_notify, sent (its unwrap then waits for ours)."""
+    try:
+        obj.unwrap()
+    except ssl.SSLWantReadError:
+        pass
+    conn.sendall(outgoing.read())
+
+
+async def _connect_as(loop: asyncio.AbstractEventLoop, listener: socket.socket,
+                      files: TlsFiles, protocol: Any) -> tuple[Any, Any]:
+    """A TLS client connection to *listener* with ``protocol(loop)``."""
+    return await loop.create_connection(  # type: ignore[return-value]
+        lambda: protocol(loop), *listener.getsockname(), ssl=files.client_context(),
+        server_hostname="localhost")
+
+
+async def _client_closes(loop: asyncio.AbstractEventLoop, files: TlsFiles,
+                         listener: socket.socket, after: Any) -> tuple[Recording, Any, Any]:
+    """A client of a _bio_peer running *after* closes once it has 2 bytes:
+    (the client, what connection_lost got, the peer's result)."""
+    thread, result = _bio_peer(files, listener, after)
+    with listener:
+        transport, client = await _connect(loop, listener, files, ssl_shutdown_timeout=15)
+        await client.until(2)
+        transport.close()
+        exc = await asyncio.wait_for(client.lost, 10)
+        await loop.run_in_executor(None, thread.join)
+    return client, exc, result
+
+
 class ClosingOnEof(Recording):
     """Records whether its transport says it is closing when EOF arrives."""
 
@@ -524,20 +555,14 @@ async def peer_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles) ->
     listener = _listener()
 
     def after(conn: Any, obj: Any, outgoing: Any) -> str:
-        try:
-            obj.unwrap()
-        except ssl.SSLWantReadError:
-            pass
-        conn.sendall(outgoing.read())
+        _send_close_notify(conn, obj, outgoing)
         conn.recv(65536)  # the client's close_notify, or its close
         conn.close()
         return "sent"
 
     thread, result = _bio_peer(files, listener, after)
     with listener:
-        _, client = await loop.create_connection(
-            lambda: ClosingOnEof(loop), *listener.getsockname(), ssl=files.client_context(),
-            server_hostname="localhost")
+        _, client = await _connect_as(loop, listener, files, ClosingOnEof)
         exc = await client.lost
         await loop.run_in_executor(None, thread.join)
     return client.calls, exc, result
@@ -567,13 +592,7 @@ async def corrupt_after_close_notify(loop: asyncio.AbstractEventLoop, files: Tls
         conn.close()
         return "sent"
 
-    thread, result = _bio_peer(files, listener, after)
-    with listener:
-        transport, client = await _connect(loop, listener, files, ssl_shutdown_timeout=15)
-        await client.until(2)
-        transport.close()
-        exc = await asyncio.wait_for(client.lost, 10)
-        await loop.run_in_executor(None, thread.join)
+    client, exc, result = await _client_closes(loop, files, listener, after)
     return client.calls, type(exc).__name__, result
 
 
@@ -609,20 +628,14 @@ async def answered_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFiles
         obj.write(b"hi")
         conn.sendall(outgoing.read())
         conn.recv(65536)  # the client's close_notify
-        try:
-            obj.unwrap()
-        except ssl.SSLWantReadError:
-            pass
-        conn.sendall(outgoing.read())
+        _send_close_notify(conn, obj, outgoing)
         conn.recv(65536)  # the client's close
         conn.close()
         return "sent"
 
     thread, result = _bio_peer(files, listener, after)
     with listener:
-        transport, client = await loop.create_connection(
-            lambda: TimersOnEof(loop), *listener.getsockname(), ssl=files.client_context(),
-            server_hostname="localhost")
+        transport, client = await _connect_as(loop, listener, files, TimersOnEof)
         await client.until(2)
         transport.close()
         exc = await client.lost
@@ -651,13 +664,7 @@ async def eof_after_close_notify(loop: asyncio.AbstractEventLoop, files: TlsFile
         conn.close()
         return "closed"
 
-    thread, result = _bio_peer(files, listener, after)
-    with listener:
-        transport, client = await _connect(loop, listener, files, ssl_shutdown_timeout=15)
-        await client.until(2)
-        transport.close()
-        exc = await asyncio.wait_for(client.lost, 10)
-        await loop.run_in_executor(None, thread.join)
+    client, exc, result = await _client_closes(loop, files, listener, after)
     return client.calls, exc, result
 
 
@@ -710,20 +717,14 @@ async def buffered_reads(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> An
         obj.write(bytes(range(250)) * 4)  # 1000 bytes in one record
         conn.sendall(outgoing.read())
         go_on.wait(10)  # until the client has it all
-        try:
-            obj.unwrap()
-        except ssl.SSLWantReadError:
-            pass
-        conn.sendall(outgoing.read())
+        _send_close_notify(conn, obj, outgoing)
         conn.recv(65536)  # the client's close_notify, or its close
         conn.close()
         return "sent"
 
     thread, result = _bio_peer(files, listener, after)
     with listener:
-        _, client = await loop.create_connection(
-            lambda: SmallBuffers(loop), *listener.getsockname(), ssl=files.client_context(),
-            server_hostname="localhost")
+        _, client = await _connect_as(loop, listener, files, SmallBuffers)
         await asyncio.wait_for(client.got_all, 10)
         go_on.set()
         exc = await asyncio.wait_for(client.lost, 10)
@@ -750,11 +751,7 @@ async def eof_received_raises(loop: asyncio.AbstractEventLoop, files: TlsFiles) 
     listener = _listener()
 
     def after(conn: Any, obj: Any, outgoing: Any) -> str:
-        try:
-            obj.unwrap()
-        except ssl.SSLWantReadError:
-            pass
-        conn.sendall(outgoing.read())
+        _send_close_notify(conn, obj, outgoing)
         try:
             conn.recv(65536)
         except OSError:
@@ -764,9 +761,7 @@ async def eof_received_raises(loop: asyncio.AbstractEventLoop, files: TlsFiles) 
 
     thread, result = _bio_peer(files, listener, after)
     with listener:
-        _, client = await loop.create_connection(
-            lambda: RaisingOnEof(loop), *listener.getsockname(), ssl=files.client_context(),
-            server_hostname="localhost")
+        _, client = await _connect_as(loop, listener, files, RaisingOnEof)
         exc = await asyncio.wait_for(client.lost, 10)
         await loop.run_in_executor(None, thread.join)
     return client.calls, type(exc).__name__, result
