@@ -185,6 +185,9 @@ def main() -> int:
     # _thread.interrupt_main() does nothing: test_runners' tests would hang
     # on stock and ours alike.  Python's own default, whatever started us.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Under nohup SIGHUP starts ignored and every child process inherits that
+    # (test_subprocess's send_signal tests would wait for a child that stays).
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     ap = argparse.ArgumentParser()
     ap.add_argument("module", nargs="?",
                     help="e.g. test_events (package test.test_asyncio is implied)")

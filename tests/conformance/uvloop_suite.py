@@ -113,8 +113,11 @@ class OutcomeResult(swap.WatchedResult):
 
 def child(args: argparse.Namespace) -> int:
     # As swap.py: a process started in the background of a non-interactive
-    # shell begins with SIGINT ignored; Python's own default, whatever started us.
+    # shell begins with SIGINT ignored, and one under nohup with SIGHUP
+    # ignored, which the children it spawns inherit (test_send_signal's
+    # SIGHUP then never ends its child): each to Python's own default.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     summary: dict[str, Any] = {"module": args.child, "mode": args.mode, "outcomes": {},
                                "loops_created": None, "not_ours": [], "hung": None}
