@@ -444,6 +444,7 @@ def test_a_readers_handle_is_the_one_handle_init_makes(
     it, the context the one given or a fresh copy; in debug mode, or with
     events.Handle replaced, Handle.__init__ itself runs."""
     loop = asyncio_relaxed.new_event_loop()
+    loop.set_debug(False)  # (PYTHONASYNCIODEBUG=1 would start it in debug mode)
     a, b = socket.socketpair()
     try:
         context = contextvars.copy_context()
