@@ -157,11 +157,6 @@ class TLSEngine:
         """The records made so far, taken (b"" if none)."""
         return self.outgoing.read()
 
-    def pending(self) -> int:
-        """Plaintext the engine holds: what a read returns without more
-        ciphertext (decrypted, or in the incoming BIO)."""
-        return self.incoming.pending + self.core.pending()  # type: ignore[no-any-return]
-
     # -- the SSL steps ----------------------------------------------------------------
 
     def handshake(self) -> bool:
