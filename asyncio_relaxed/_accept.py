@@ -252,6 +252,7 @@ class Listener:
         "rests",
         "server",
         "sock",
+        "sockname",
         "sslcontext",
         "state",
         "stats",
@@ -301,6 +302,9 @@ class Listener:
         # options set on it (its host decides: Linux copies them from a TCP
         # listener).
         self.inherits = False
+        # The local address its connections share, where one is (else None:
+        # each is asked; its host decides).
+        self.sockname: Any = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} fd={self.sock.fileno()} {self.state.value}>"

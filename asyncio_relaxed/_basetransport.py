@@ -69,20 +69,23 @@ def _remember(cache: dict[Any, Any], value: Any) -> None:
     cache[value] = value
 
 
-def _accepted_addresses(peername: Any, sock: socket.socket) -> tuple[Any, Any]:
+def _accepted_addresses(peername: Any, sock: socket.socket, sockname: Any) -> tuple[Any, Any]:
     """An accepted connection's (peername, sockname): the local address the
-    one its listener's other connections share, the peer's host string the
-    one earlier peers of that host share (each cache hit is a dict lookup)."""
-    try:
-        sockname = sock.getsockname()
-    except OSError:
-        sockname = None
-    else:
-        shared = _SERVER_SOCKNAMES.get(sockname)
-        if shared is None:
-            _remember(_SERVER_SOCKNAMES, sockname)
+    one its listener's other connections share (*sockname*, where the
+    listener knows it: see _sockets.accepted_sockname), the peer's host
+    string the one earlier peers of that host share (each cache hit is a
+    dict lookup)."""
+    if sockname is None:
+        try:
+            sockname = sock.getsockname()
+        except OSError:
+            sockname = None
         else:
-            sockname = shared
+            shared = _SERVER_SOCKNAMES.get(sockname)
+            if shared is None:
+                _remember(_SERVER_SOCKNAMES, sockname)
+            else:
+                sockname = shared
     if type(peername) is tuple and len(peername) >= 2:  # not a Unix path, not None
         host = _PEER_HOSTS.get(peername[0])
         if host is None:
@@ -197,7 +200,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
 
     def __init__(self, loop: Any, sock: socket.socket, extra: dict[str, Any] | None,
                  server: Any, shared: TransportShared, context: Any,
-                 peername: Any = ASK) -> None:
+                 peername: Any = ASK, sockname: Any = None) -> None:
         # __del__ reads these even if __init__ fails half-way.
         self._sock: socket.socket | None = None
         self._server = None
@@ -231,7 +234,7 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         self._high_water = _DEFAULT_HIGH_WATER
         self._low_water = _DEFAULT_LOW_WATER
         if server is not None:
-            self._peername, self._sockname = _accepted_addresses(peername, sock)
+            self._peername, self._sockname = _accepted_addresses(peername, sock, sockname)
         else:
             self._peername = peername
             try:

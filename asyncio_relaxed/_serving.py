@@ -24,7 +24,7 @@ from . import _compat
 from ._accept import Listener, listener_class
 from ._config import Config, TlsMode
 from ._shared import TransportShared
-from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, is_tcp, set_options
+from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, accepted_sockname, is_tcp, set_options
 from ._stats import Counters
 from ._transport import SocketTransport
 
@@ -103,6 +103,7 @@ class Serving:
         listener = self.listener_class(self, protocol_factory, sock, sslcontext, server,
                                        backlog, timeouts, context if _compat.PY315 else None)
         listener.inherits = ACCEPTED_INHERIT_TCP_OPTIONS and is_tcp(sock)
+        listener.sockname = accepted_sockname(sock)
         return listener
 
     # -- what a Listener asks ---------------------------------------------------
@@ -192,14 +193,15 @@ class Serving:
                 transport = handshake.transport = loop._make_ssl_transport(
                     conn, protocol, listener.sslcontext, handshake, server_side=True,
                     extra={"peername": addr}, server=listener.server, context=context,
-                    ssl_handshake_timeout=listener.timeouts[0],
+                    sockname=listener.sockname, ssl_handshake_timeout=listener.timeouts[0],
                     ssl_shutdown_timeout=listener.timeouts[1],
                 )
             else:
                 # The peer's address as accept() gave it, without stock's
                 # extra dict: the transport keeps it in a slot.
                 transport = SocketTransport(loop, conn, protocol, None, None, listener.server,
-                                            self.shared, listener.inherits, context, addr)
+                                            self.shared, listener.inherits, context, addr,
+                                            listener.sockname)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:

@@ -7,13 +7,14 @@ This module knows nothing of asyncio.
 from __future__ import annotations
 
 import _socket
+import ipaddress
 import mmap
 import os
 import socket
 import sys
 
 __all__ = ["ACCEPTED_INHERIT_TCP_OPTIONS", "C_CLOSE", "C_INIT", "C_NEW", "HAS_SENDMSG", "IOV_MAX",
-           "SMALL_READ", "is_tcp", "read_buffer", "set_options"]
+           "SMALL_READ", "accepted_sockname", "is_tcp", "read_buffer", "set_options"]
 
 try:
     IOV_MAX: int = max(16, os.sysconf("SC_IOV_MAX"))
@@ -41,6 +42,10 @@ C_INIT = _socket.socket.__init__
 C_CLOSE = _socket.socket.close
 
 _TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+_LINUX = sys.platform.startswith("linux")
+# Linux's IP_TRANSPARENT and IPV6_TRANSPARENT (not every Python names them).
+_TRANSPARENT = {socket.AF_INET: (socket.IPPROTO_IP, getattr(socket, "IP_TRANSPARENT", 19)),
+                socket.AF_INET6: (socket.IPPROTO_IPV6, getattr(socket, "IPV6_TRANSPARENT", 75))}
 # The C socket's own attributes: socket.socket's family and type properties
 # make an enum member per read.
 _FAMILY = _socket.socket.family
@@ -56,6 +61,43 @@ def is_tcp(sock: socket.socket) -> bool:
         family, kind = getattr(sock, "family", None), getattr(sock, "type", None)
     return (family in _TCP_FAMILIES and kind == socket.SOCK_STREAM
             and getattr(sock, "proto", None) in (0, socket.IPPROTO_TCP))
+
+
+def accepted_sockname(sock: socket.socket) -> object:
+    """The local address of every socket accepted from the listening *sock*,
+    where Linux gives them all the listener's own, else None (each is asked).
+
+    A Unix stream socket accepted from a listener has the listener's bound
+    address.  A TCP connection's local address is the one its SYN was sent
+    to, which is the listener's when the listener is bound to one address
+    and does not take connections for others (IP_TRANSPARENT, tproxy); a
+    wildcard, a mapped wildcard or a link-local address (whose scope is the
+    arriving interface's) is asked per connection.
+    """
+    if not _LINUX or not isinstance(sock, _socket.socket):
+        return None
+    try:
+        family = _FAMILY.__get__(sock)
+        if _TYPE.__get__(sock) != socket.SOCK_STREAM:
+            return None
+        name = sock.getsockname()
+        if family == socket.AF_UNIX:
+            return name if name else None
+        if family not in _TCP_FAMILIES:
+            return None
+        level, option = _TRANSPARENT[family]
+        if sock.getsockopt(level, option):
+            return None
+    except OSError:
+        return None
+    try:
+        address = ipaddress.ip_address(name[0])
+    except ValueError:
+        return None
+    if (address.is_unspecified or address.is_link_local
+            or getattr(address, "ipv4_mapped", None) is not None or (len(name) > 2 and name[3])):
+        return None
+    return name
 
 
 def set_options(sock: socket.socket, options: list[tuple[int, int, int]]) -> None:

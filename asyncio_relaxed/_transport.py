@@ -151,11 +151,13 @@ class SocketTransport(TransportBase):
         inherited_options: bool = False,
         context: Any = None,
         peername: Any = ASK,
+        sockname: Any = None,
     ) -> None:
         # (The accept path passes every argument by position: a call with
         # keywords makes a dict of them, per connection.)
         assert shared is not None, "a transport needs its loop's TransportShared"
-        TransportBase.__init__(self, loop, sock, extra, server, shared, context, peername)
+        TransportBase.__init__(self, loop, sock, extra, server, shared, context, peername,
+                               sockname)
         # recv() size for the next read while reads are small
         # (shared.small_read: SMALL_READ, or read_size if smaller) or
         # streaming (read_size); in buffer mode (recv_into the loop's

@@ -477,6 +477,56 @@ def test_extra_info_matches_the_socket(loop: asyncio.AbstractEventLoop, loop_nam
     run(loop, main())
 
 
+def test_an_accepted_connections_sockname_is_its_sockets(
+        loop: asyncio.AbstractEventLoop, tmp_path: Any) -> None:
+    """What an accepted transport says its local address is, for listeners
+    bound to one address, to a wildcard (where connections have other
+    addresses than the listener) and to a Unix path."""
+    listeners: list[tuple[int, Any, Any]] = [
+        (socket.AF_INET, ("127.0.0.1", 0), "127.0.0.1"),
+        (socket.AF_INET, ("0.0.0.0", 0), "127.0.0.1"),
+        (socket.AF_UNIX, str(tmp_path / "s"), None),
+    ]
+    if socket.has_ipv6:
+        listeners += [(socket.AF_INET6, ("::1", 0), "::1"),
+                      (socket.AF_INET6, ("::", 0), "::1")]
+
+    async def one(family: int, address: Any, connect_to: Any) -> None:
+        accepted: asyncio.Future[Any] = loop.create_future()
+
+        class Keep(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                accepted.set_result(transport)
+
+        try:
+            sock = socket.socket(family)
+            sock.bind(address)
+        except OSError:  # no IPv6 here
+            sock.close()
+            return
+        server = await loop.create_server(Keep, sock=sock)
+        if family == socket.AF_UNIX:
+            client, _ = await loop.create_unix_connection(asyncio.Protocol, address)
+        else:
+            client, _ = await loop.create_connection(asyncio.Protocol, connect_to,
+                                                     sock.getsockname()[1])
+        theirs = await accepted
+        sockname = theirs.get_extra_info("sockname")
+        assert sockname == theirs.get_extra_info("socket").getsockname()
+        if family != socket.AF_UNIX:
+            assert sockname == client.get_extra_info("peername")
+        client.close()
+        theirs.close()
+        server.close()
+        await server.wait_closed()
+
+    async def main() -> None:
+        for family, address, connect_to in listeners:
+            await one(family, address, connect_to)
+
+    run(loop, main())
+
+
 def test_private_extra_dict_reads_and_writes_as_in_stock(
     loop: asyncio.AbstractEventLoop, loop_name: str
 ) -> None:

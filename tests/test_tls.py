@@ -157,6 +157,39 @@ def test_echo_extra_info_and_the_transport_kind(tls_loop: asyncio.AbstractEventL
     run(loop, main())
 
 
+@pytest.mark.parametrize("host", [LOCAL, "0.0.0.0"])
+def test_an_accepted_connections_sockname_is_its_sockets(
+        tls_loop: asyncio.AbstractEventLoop, tls_files: TlsFiles, host: str) -> None:
+    """A TLS server's connection says what its socket says, for a listener
+    bound to one address and to the wildcard (whose connections have
+    another address than the listener)."""
+    loop = tls_loop
+    server_ctx, client_ctx = tls_files.server_context(), tls_files.client_context()
+
+    async def main() -> None:
+        made: list[Recording] = []
+
+        def factory() -> Recording:
+            made.append(Recording(loop))
+            return made[-1]
+
+        server = await loop.create_server(factory, host, 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(
+            lambda: Recording(loop), LOCAL, port, ssl=client_ctx, server_hostname="localhost")
+        await made[0].made
+        theirs = made[0].transport
+        assert theirs.get_extra_info("sockname") == (LOCAL, port)
+        assert theirs.get_extra_info("sockname") == theirs.get_extra_info("socket").getsockname()
+        assert theirs.get_extra_info("sockname") == transport.get_extra_info("peername")
+        transport.close()
+        await made[0].lost
+        server.close()
+        await server.wait_closed()
+
+    run(loop, main())
+
+
 def test_sni_alpn_and_a_client_certificate(tls_loop: asyncio.AbstractEventLoop,
                                            tls_files: TlsFiles) -> None:
     loop = tls_loop

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from typing import Any
 
 import _differential as diff
@@ -170,6 +171,58 @@ def test_is_tcp_reads_wrapped_listeners() -> None:
         assert _sockets.is_tcp(tcp) and _sockets.is_tcp(Wrapper(tcp))
         assert not _sockets.is_tcp(unix) and not _sockets.is_tcp(Wrapper(unix))
         assert not _sockets.is_tcp(udp)
+
+
+def _listening(family: int, address: Any, transparent: bool = False) -> socket.socket:
+    sock = socket.socket(family)
+    try:
+        if transparent:
+            level, option = _sockets._TRANSPARENT[family]
+            sock.setsockopt(level, option, 1)
+        sock.bind(address)
+        sock.listen()
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's accept semantics")
+def test_accepted_sockname_is_the_listeners_only_where_every_connection_has_it(
+        tmp_path: Any) -> None:
+    """A listener bound to one address gives its own name to what it
+    accepts; a wildcard, a mapped wildcard, a transparent listener and
+    anything that is not a stream listener are asked per connection."""
+    with _listening(socket.AF_INET, ("127.0.0.1", 0)) as sock:
+        assert _sockets.accepted_sockname(sock) == sock.getsockname()
+    with _listening(socket.AF_INET, ("0.0.0.0", 0)) as sock:
+        assert _sockets.accepted_sockname(sock) is None
+    with _listening(socket.AF_UNIX, str(tmp_path / "s")) as sock:
+        assert _sockets.accepted_sockname(sock) == str(tmp_path / "s")
+    with socket.socket(type=socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        assert _sockets.accepted_sockname(udp) is None
+    if socket.has_ipv6:
+        for host in ("::", "::ffff:0.0.0.0", "::ffff:127.0.0.1"):
+            try:
+                sock = _listening(socket.AF_INET6, (host, 0))
+            except OSError:  # no IPv6 here
+                continue
+            with sock:
+                assert _sockets.accepted_sockname(sock) is None, host
+        try:
+            sock = _listening(socket.AF_INET6, ("::1", 0))
+        except OSError:
+            pass
+        else:
+            with sock:
+                assert _sockets.accepted_sockname(sock) == sock.getsockname()
+    try:
+        sock = _listening(socket.AF_INET, ("127.0.0.1", 0), transparent=True)
+    except PermissionError:  # IP_TRANSPARENT needs CAP_NET_ADMIN
+        return
+    with sock:
+        assert _sockets.accepted_sockname(sock) is None
 
 
 # What TransportBase.__init__ does in place of FlowControlMixin.__init__ and
