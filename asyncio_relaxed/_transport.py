@@ -67,6 +67,16 @@ _SOCKET: Any = socket.socket
 # The write buffer of a transport that never had to buffer (see __init__).
 _NO_BUFFER: Any = ()
 
+# The read modes of a plain Protocol's transport, kept in _recv_size (see
+# "Reads" above), with the one read routine _read_ready__data_received:
+#   shared.small_read  recv(small_read); a read that fills it -> _BUFFER
+#   a larger size      streaming: recv(size); a short read -> _BUFFER
+#   _BUFFER            recv_into the loop's buffer; a read that fills it
+#                      -> streaming, a short one -> _BUFFER_SHORT
+#   _BUFFER_SHORT      the same; a second short read in a row -> small_read
+_BUFFER = 0
+_BUFFER_SHORT = -1
+
 # A BufferedProtocol read's failures, by the step that failed (stock's texts).
 _BUFFERED_FAILED = {
     "get_buffer": "Fatal error: protocol.get_buffer() call failed.",
@@ -158,10 +168,7 @@ class SocketTransport(TransportBase):
         assert shared is not None, "a transport needs its loop's TransportShared"
         TransportBase.__init__(self, loop, sock, extra, server, shared, context, peername,
                                sockname)
-        # recv() size for the next read while reads are small
-        # (shared.small_read: SMALL_READ, or read_size if smaller) or
-        # streaming (read_size); in buffer mode (recv_into the loop's
-        # buffer) 0, or -1 after one short read.
+        # The read mode (see _BUFFER): small reads first.
         self._recv_size = shared.small_read
         # set_protocol(protocol) on a transport that had none: nothing to swap.
         self._protocol = protocol
@@ -254,11 +261,11 @@ class SocketTransport(TransportBase):
             if size == shared.small_read:
                 data = self._sock.recv(size)  # type: ignore[union-attr]
                 if len(data) == size:
-                    self._recv_size = 0  # it filled: the loop's buffer next
+                    self._recv_size = _BUFFER
             elif size > 0:  # streaming
                 data = self._sock.recv(size)  # type: ignore[union-attr]
                 if len(data) < size:
-                    self._recv_size = 0
+                    self._recv_size = _BUFFER
             else:
                 buffer = shared.read_buffer
                 nbytes = self._sock.recv_into(buffer)  # type: ignore[union-attr]
@@ -266,11 +273,11 @@ class SocketTransport(TransportBase):
                 if nbytes == len(buffer) and nbytes > SMALL_READ:
                     self._recv_size = nbytes  # streaming
                 elif nbytes >= SMALL_READ:
-                    self._recv_size = 0
-                elif size:  # the second short read in a row
+                    self._recv_size = _BUFFER
+                elif size == _BUFFER_SHORT:
                     self._recv_size = shared.small_read
                 else:
-                    self._recv_size = -1
+                    self._recv_size = _BUFFER_SHORT
         except (BlockingIOError, InterruptedError):
             shared.stats.recv_eagain += 1
             return

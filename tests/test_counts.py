@@ -377,6 +377,38 @@ def test_every_read_mode_delivers_the_bytes_in_order(relaxed_loop: asyncio_relax
     while len(transport.get_protocol().data) < len(payload) + 5:
         iterate(relaxed_loop, 1)
     assert transport.get_protocol().data == payload + b"small"
+    # Two short reads in a row in the loop's buffer: small reads again.
+    b.send(b"again")
+    while len(transport.get_protocol().data) < len(payload) + 10:
+        iterate(relaxed_loop, 1)
+    assert transport._recv_size == relaxed_loop._shared.small_read
+    transport.close()
+    iterate(relaxed_loop, 2)
+    b.close()
+
+
+def test_messages_just_over_a_small_read_take_one_read_each(
+        relaxed_loop: asyncio_relaxed.Loop) -> None:
+    """100 KiB messages, each sent whole before the loop reads: after the
+    first, each is one recv_into the loop's buffer (one short read there
+    does not switch back to small reads, which would take two per message:
+    a 64 KiB recv that fills, then the rest)."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    transport = attach(relaxed_loop, a)
+    stats = relaxed_loop._shared.stats
+    message = bytes(100 * 1024)
+    received = 0
+    reads = []
+    for _ in range(6):
+        before = stats.recv
+        b.sendall(message)
+        received += len(message)
+        while len(transport.get_protocol().data) < received:
+            iterate(relaxed_loop, 1)
+        reads.append(stats.recv - before)
+    assert reads[1:] == [1] * 5, reads
     transport.close()
     iterate(relaxed_loop, 2)
     b.close()
