@@ -521,28 +521,29 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         stats = writes.stats
         stats.iterations += 1
         scheduled = self._scheduled
-        sched_count = len(scheduled)
-        if (
-            sched_count > _compat.MIN_SCHEDULED_TIMER_HANDLES
-            and self._timer_cancelled_count / sched_count
-            > _compat.MIN_CANCELLED_TIMER_HANDLES_FRACTION
-        ):
-            # Remove delayed calls that were cancelled if their number is too high.
-            new_scheduled = []
-            for handle in scheduled:
-                if handle._cancelled:
+        if scheduled:  # (nothing to clean up without timers)
+            sched_count = len(scheduled)
+            if (
+                sched_count > _compat.MIN_SCHEDULED_TIMER_HANDLES
+                and self._timer_cancelled_count / sched_count
+                > _compat.MIN_CANCELLED_TIMER_HANDLES_FRACTION
+            ):
+                # Remove delayed calls that were cancelled if their number is too high.
+                new_scheduled = []
+                for handle in scheduled:
+                    if handle._cancelled:
+                        handle._scheduled = False
+                    else:
+                        new_scheduled.append(handle)
+                heapq.heapify(new_scheduled)
+                self._scheduled = scheduled = new_scheduled
+                self._timer_cancelled_count = 0
+            else:
+                # Remove delayed calls that were cancelled from head of queue.
+                while scheduled and scheduled[0]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    handle = heapq.heappop(scheduled)
                     handle._scheduled = False
-                else:
-                    new_scheduled.append(handle)
-            heapq.heapify(new_scheduled)
-            self._scheduled = scheduled = new_scheduled
-            self._timer_cancelled_count = 0
-        else:
-            # Remove delayed calls that were cancelled from head of queue.
-            while scheduled and scheduled[0]._cancelled:
-                self._timer_cancelled_count -= 1
-                handle = heapq.heappop(scheduled)
-                handle._scheduled = False
 
         # Phase: writes made while the loop was not running.
         if writes.pending:
