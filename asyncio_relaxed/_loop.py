@@ -582,11 +582,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                     if health.publisher is not None:
                         health.publisher.due(now, 0)
             else:
-                # time_metrics and the loop may wait: a poll that does not
-                # wait first, then the timed wait only if it found nothing.
-                before = len(ready)
+                # time_metrics and the loop may wait (so nothing is ready
+                # yet): a poll that does not wait first, then the timed wait
+                # only if it found nothing.
                 rest = selector.ready_readers(0, ready)
-                if not rest and len(ready) == before:
+                if not rest and not ready:
                     rest = self._timed_wait(timeout)
             if rest:
                 self._process_rest(rest)
