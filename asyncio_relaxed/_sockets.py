@@ -7,7 +7,6 @@ This module knows nothing of asyncio.
 from __future__ import annotations
 
 import _socket
-import ipaddress
 import mmap
 import os
 import socket
@@ -43,6 +42,7 @@ C_CLOSE = _socket.socket.close
 
 _TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 _LINUX = sys.platform.startswith("linux")
+_V4_MAPPED = bytes(10) + b"\xff\xff"
 # Linux's IP_TRANSPARENT and IPV6_TRANSPARENT (not every Python names them).
 _TRANSPARENT = {socket.AF_INET: (socket.IPPROTO_IP, getattr(socket, "IP_TRANSPARENT", 19)),
                 socket.AF_INET6: (socket.IPPROTO_IPV6, getattr(socket, "IPV6_TRANSPARENT", 75))}
@@ -71,8 +71,9 @@ def accepted_sockname(sock: socket.socket) -> object:
     address.  A TCP connection's local address is the one its SYN was sent
     to, which is the listener's when the listener is bound to one address
     and does not take connections for others (IP_TRANSPARENT, tproxy); a
-    wildcard, a mapped wildcard or a link-local address (whose scope is the
-    arriving interface's) is asked per connection.
+    wildcard, an IPv4-mapped address (``::ffff:0.0.0.0`` is a wildcard) or a
+    link-local one (whose scope is the arriving interface's) is asked per
+    connection.
     """
     if not _LINUX or not isinstance(sock, _socket.socket):
         return None
@@ -88,14 +89,15 @@ def accepted_sockname(sock: socket.socket) -> object:
         level, option = _TRANSPARENT[family]
         if sock.getsockopt(level, option):
             return None
+        packed = socket.inet_pton(family, name[0])
     except OSError:
         return None
-    try:
-        address = ipaddress.ip_address(name[0])
-    except ValueError:
+    if not packed.strip(b"\0"):  # 0.0.0.0 or ::
         return None
-    if (address.is_unspecified or address.is_link_local
-            or getattr(address, "ipv4_mapped", None) is not None or (len(name) > 2 and name[3])):
+    if family == socket.AF_INET6 and (
+            name[3]  # a scope: link-local
+            or (packed[0] == 0xFE and packed[1] & 0xC0 == 0x80)  # fe80::/10
+            or packed[:12] == _V4_MAPPED):  # ::ffff:a.b.c.d, ::ffff:0.0.0.0 a wildcard
         return None
     return name
 
