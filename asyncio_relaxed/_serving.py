@@ -26,6 +26,7 @@ from ._config import Config, TlsMode
 from ._shared import TransportShared
 from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, accepted_sockname, is_tcp, set_options
 from ._stats import Counters
+from ._tls import SSLTransport
 from ._transport import SocketTransport
 
 __all__ = ["Serving"]
@@ -189,13 +190,23 @@ class Serving:
         try:
             protocol = listener.protocol_factory()
             if listener.sslcontext:
+                # loop._make_ssl_transport's pair (under tls=own, over a plain
+                # socket, as every accepted one is), made here as the plain
+                # path makes its transport: the peer's address by position,
+                # and the socket's options inherited from the listener (no
+                # TCP_NODELAY setsockopt, nor its family and type read as
+                # enums, per connection).
                 handshake = _Handshake(loop, protocol, self.handshakes)
-                transport = handshake.transport = loop._make_ssl_transport(
-                    conn, protocol, listener.sslcontext, handshake, server_side=True,
-                    extra={"peername": addr}, server=listener.server, context=context,
-                    sockname=listener.sockname, ssl_handshake_timeout=listener.timeouts[0],
+                if _compat.PY314:
+                    loop._ensure_fd_no_transport(conn)
+                transport = handshake.transport = SSLTransport(
+                    loop, protocol, listener.sslcontext, handshake, True, None,
+                    ssl_handshake_timeout=listener.timeouts[0],
                     ssl_shutdown_timeout=listener.timeouts[1],
                 )
+                SocketTransport(loop, conn, transport, None, None, listener.server,
+                                self.shared, listener.inherits, context, addr,
+                                listener.sockname)
             else:
                 # The peer's address as accept() gave it, without stock's
                 # extra dict: the transport keeps it in a slot.

@@ -111,6 +111,16 @@ _IN_HIGH, _IN_LOW = _compat.flow_control_defaults(None, None,
                                                   _compat.FLOW_CONTROL_HIGH_WATER_SSL_READ)
 _OUT_HIGH, _OUT_LOW = _compat.flow_control_defaults(None, None,
                                                     _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
+#: FlowControlMixin._set_write_buffer_limits()'s marks, which __init__ sets
+#: as the mixin's __init__ would (this layer's own are _app_high/_app_low).
+_MIXIN_HIGH = 64 * 1024
+_MIXIN_LOW = _MIXIN_HIGH // 4
+#: The steps the hot paths name without a table lookup (a state is an Enum,
+#: whose hash is a Python call): what ON_CIPHERTEXT and ON_CLOSE say for the
+#: handshake and for an open connection.
+_HANDSHAKE_STEP = _STEPS[DO_HANDSHAKE]
+assert _HANDSHAKE_STEP == "_do_handshake", _HANDSHAKE_STEP
+_CLOSE_WRAPPED = ON_CLOSE[WRAPPED]
 
 
 class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
@@ -192,7 +202,14 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
                              f"got {ssl_shutdown_timeout}")
         if not sslcontext:
             sslcontext = _compat.create_tls_context(server_side, server_hostname)
-        _Base.__init__(self, None, loop)
+        # FlowControlMixin.__init__(None, loop) and BaseTransport.__init__,
+        # without their three frames (the bodies tests/test_transport.py
+        # holds TransportBase.__init__'s same lines to).
+        self._extra: dict[str, Any] = {}
+        self._loop = loop
+        self._protocol_paused = False
+        self._high_water = _MIXIN_HIGH
+        self._low_water = _MIXIN_LOW
         self._shared: TransportShared = loop._shared
         self._lower: Any = None  # the byte stream, from connection_made to connection_lost
         self._protocol: Any = None
@@ -226,7 +243,10 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self._ssl_writing_paused = False  # the byte stream's buffer paused this layer
         self._app_high, self._app_low = _OUT_HIGH, _OUT_LOW
         self._in_high, self._in_low = _IN_HIGH, _IN_LOW
-        self.set_protocol(protocol)
+        # set_protocol(protocol)'s body.
+        self._protocol = protocol
+        self._app_buffered = (hasattr(protocol, "get_buffer")
+                              and isinstance(protocol, asyncio.BufferedProtocol))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else self._engine.state.name.lower()
@@ -257,6 +277,8 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         state = self._engine.state
         if state is WRAPPED:
             self._do_read()
+        elif state is DO_HANDSHAKE:
+            self._do_handshake()  # ON_CIPHERTEXT's step (_HANDSHAKE_STEP)
         elif state in _STEPS:
             getattr(self, _STEPS[state])()
 
@@ -408,7 +430,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
 
     def _start_handshake(self) -> None:
         loop = self._loop
-        if loop.get_debug():
+        if loop._debug:  # get_debug()'s answer, without its frame
             _compat.sslproto_logger().debug("%r starts SSL handshake", self)
             self._handshake_start = loop.time()
         else:
@@ -416,6 +438,12 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self._engine.to(START)
         self._handshake_timer = loop.call_later(self._handshake_timeout,
                                                 self._check_handshake_timeout)
+        if self._server_side and not self._incoming.pending:
+            # A server's first step without the ClientHello reads nothing,
+            # writes nothing and raises SSLWantReadError (stock takes it, at
+            # the cost of an exception per connection): its first step is
+            # the one the ClientHello's bytes make (buffer_updated).
+            return
         self._do_handshake()
 
     def _check_handshake_timeout(self) -> None:
@@ -454,7 +482,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._wakeup_waiter(exc)
             return
         loop = self._loop
-        if loop.get_debug():
+        if loop._debug:
             dt = loop.time() - self._handshake_start
             _compat.sslproto_logger().debug("%r: SSL handshake took %.1f ms", self, dt * 1e3)
         self._ssl_info = info
@@ -478,7 +506,8 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
     # -- SSLProtocol: shutdown ------------------------------------------------------
 
     def _start_shutdown(self) -> None:
-        action = ON_CLOSE.get(self._engine.state)
+        state = self._engine.state
+        action = _CLOSE_WRAPPED if state is WRAPPED else ON_CLOSE.get(state)
         if action is None:
             return
         self._closed = True
@@ -499,20 +528,24 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self._engine.to(FLUSHED)
         self._do_shutdown()
 
-    def _do_shutdown(self) -> None:
+    def _do_shutdown(self) -> bool:
+        """One close_notify step; True once the shutdown has ended (both
+        close_notify exchanged, or failed), False while it waits for the peer's."""
         try:
             # After the byte stream's EOF no close_notify can come: done.
             done = self._eof_received or self._engine.unwrap()
         except ssl.SSLError as exc:
             self._on_shutdown_complete(exc)
-            return
+            return True
         self._process_outgoing()
         if done:
-            self._call_eof_received()
+            if self._app_state is _App.STATE_CON_MADE:  # else it has nothing to do
+                self._call_eof_received()
             self._on_shutdown_complete(None)
+        return done
 
     def _on_shutdown_complete(self, shutdown_exc: Any) -> None:
-        if not _compat.TLS_CLOSING_WITH_SOCKET:
+        if not _compat.TLS_CLOSING_WITH_SOCKET and self._shutdown_timer is not None:
             self._cancel_shutdown_timer()
         if shutdown_exc:
             self._cancel_shutdown_timer()
@@ -709,9 +742,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         if offset > 0:
             self._protocol.buffer_updated(offset)
         if not count:
-            # close_notify
-            self._call_eof_received()
-            self._start_shutdown()
+            self._close_notify_received()
 
     def _do_read__copied(self) -> None:
         """Everything the incoming BIO decrypts to, in one data_received (as
@@ -761,9 +792,41 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         elif offset:
             self._protocol.data_received(view[:offset].tobytes())
         if not count:
-            # close_notify
-            self._call_eof_received()
+            self._close_notify_received()
+
+    def _close_notify_received(self) -> None:
+        """The peer's close_notify was read: EOF to the application, then
+        the shutdown (stock's _call_eof_received and _start_shutdown).
+
+        Stock's shutdown of an open connection schedules the shutdown
+        timer, reads what is left (nothing: the close_notify was the last
+        record), answers with its close_notify, which completes the
+        shutdown at once, and cancels the timer: no callback runs while
+        that timer lives, and none of the application's code either when
+        nothing waits on it (no backlog, no paused writer to resume, no
+        high-water mark of 0, reading not paused below, a plain Protocol,
+        whose reads ask it nothing, the incoming BIO under its mark;
+        eof_received delivered; not in debug
+        mode, where the timer would record its traceback).  Then this skips
+        the read and the timer (a third of this layer's Python calls per
+        connection), and schedules the timer only if the shutdown waits
+        after all (stock's, a few microseconds later).  3.14+ keeps the
+        timer until connection_lost: _on_shutdown_complete schedules it."""
+        self._call_eof_received()
+        if (self._engine.state is not WRAPPED or self._backlog or self._app_buffered
+                or self._protocol_paused or self._ssl_writing_paused
+                or self._ssl_reading_paused or self._app_high <= 0
+                or self._incoming.pending >= self._in_high
+                or self._app_state is _App.STATE_CON_MADE or self._loop._debug):
             self._start_shutdown()
+            return
+        self._closed = True
+        engine = self._engine
+        engine.to(CLOSE)
+        engine.to(FLUSHED)
+        if not self._do_shutdown():
+            self._shutdown_timer = self._loop.call_later(self._shutdown_timeout,
+                                                         self._check_shutdown_timeout)
 
     def _call_eof_received(self) -> None:
         try:
@@ -822,8 +885,10 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._app_state = _App.STATE_CON_LOST
             self._loop.call_soon(self._protocol.connection_lost, exc)
         self._engine.to(END)
-        self._wakeup_waiter(exc)
-        self._cancel_shutdown_timer()
+        if self._waiter is not None:  # (the calls, only where they have work)
+            self._wakeup_waiter(exc)
+        if self._shutdown_timer is not None:
+            self._cancel_shutdown_timer()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None

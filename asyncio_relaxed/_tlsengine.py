@@ -77,6 +77,7 @@ SHUTDOWN = State.SHUTDOWN
 
 #: The SSL errors that mean "more bytes first" (want read, want write).
 SSL_AGAIN = _compat.SSL_AGAIN_ERRORS
+_SSLObject = ssl.SSLObject
 
 # -- the events and the one table of transitions ----------------------------
 
@@ -125,7 +126,7 @@ ON_EOF: dict[Any, str] = {
 class TLSEngine:
     """An SSLObject over two memory BIOs, and the connection's state."""
 
-    __slots__ = ("core", "incoming", "outgoing", "sslobj", "state")
+    __slots__ = ("core", "direct", "incoming", "outgoing", "sslobj", "state")
 
     def __init__(self, context: ssl.SSLContext, server_side: bool,
                  server_hostname: str | None) -> None:
@@ -138,6 +139,12 @@ class TLSEngine:
         # own C object where there is one (ssl.SSLObject's methods only pass
         # their arguments on), else the SSLObject.
         self.core: Any = _compat.ssl_object_core(self.sslobj)
+        # What the handshake and peer_info call (do_handshake, getpeercert,
+        # cipher, compression): that C object too under a plain
+        # ssl.SSLObject, whose methods of those names only pass the call on
+        # (four frames a connection); a subclass (SSLContext.sslobject_class)
+        # may override them: its own.
+        self.direct: Any = self.core if type(self.sslobj) is _SSLObject else self.sslobj
         self.state: Any = UNWRAPPED
 
     def to(self, event: str) -> None:
@@ -164,7 +171,7 @@ class TLSEngine:
         needs the peer's records (its own wait in :meth:`records`).  An
         SSLError fails it (then UNWRAPPED) and is raised."""
         try:
-            self.sslobj.do_handshake()
+            self.direct.do_handshake()
         except SSL_AGAIN:
             return False
         except ssl.SSLError:
@@ -176,8 +183,8 @@ class TLSEngine:
     def peer_info(self) -> tuple[Any, Any, Any]:
         """The handshake's results get_extra_info serves: peercert, cipher,
         compression (getpeercert may raise, as stock's handshake reports)."""
-        sslobj = self.sslobj
-        return (sslobj.getpeercert(), sslobj.cipher(), sslobj.compression())
+        direct = self.direct
+        return (direct.getpeercert(), direct.cipher(), direct.compression())
 
     def encrypt(self, data: Any) -> int:
         """Application data into records: how much of *data* went (0 when
@@ -199,4 +206,4 @@ class TLSEngine:
     def drop(self) -> None:
         """Let the SSL objects go (the state stays): stock's app transport
         drops its SSLProtocol when closed twice."""
-        self.sslobj = self.core = None
+        self.sslobj = self.core = self.direct = None

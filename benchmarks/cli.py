@@ -57,7 +57,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _size(text: str) -> int | str:
-    """A size of the count tools: bytes, or the tls, http or life workload."""
+    """A size of the count tools: bytes, or the tls, starttls, http, life or
+    tlslife workload."""
     if text in driver.NAMED:
         return text
     try:
@@ -65,8 +66,10 @@ def _size(text: str) -> int | str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, {driver.TLS} "
                                          f"(1 KiB over TLS), {driver.STARTTLS} (the same "
-                                         f"after start_tls), {driver.HTTP} or "
-                                         f"{driver.LIFE} (a connection's life)") from None
+                                         f"after start_tls), {driver.HTTP}, "
+                                         f"{driver.LIFE} (a connection's life) or "
+                                         f"{driver.TLSLIFE} (a TLS connection's life)"
+                                         ) from None
 
 
 def _sizes(text: str) -> list[int | str]:
@@ -176,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--sizes", type=_sizes, default=list(instructions.DEFAULT_SIZES),
                    help="message sizes in bytes, tls for the 1 KiB echo over TLS 1.3, "
                    "starttls for the same reached by start_tls, "
-                   "http for the aiohttp workload (1024,102400)")
+                   "http for the aiohttp workload, life and tlslife for a connection's "
+                   "life, plain and over TLS (1024,102400)")
     _baseline_option(i, "count")
     i.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
     _output_options(i, charts=False)
@@ -187,8 +191,9 @@ def parser() -> argparse.ArgumentParser:
                        description=(bytecodes.__doc__ or "").split("\n\n")[0])
     _loops_option(b, bytecodes.DEFAULT_LOOPS)
     b.add_argument("--size", type=_size, default=1024,
-                   help="message size in bytes, tls for the 1 KiB echo over TLS 1.3, or "
-                   "http for the aiohttp workload (1024)")
+                   help="message size in bytes, tls for the 1 KiB echo over TLS 1.3, "
+                   "http for the aiohttp workload, or life and tlslife for a connection's "
+                   "life, plain and over TLS (1024)")
     b.add_argument("--rounds", type=int, default=bytecodes.ROUNDS,
                    help=f"measured rounds of {driver.PAIRS} requests ({bytecodes.ROUNDS})")
     b.add_argument("--top", type=int, default=bytecodes.TOP,

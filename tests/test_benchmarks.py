@@ -1296,6 +1296,14 @@ def test_instructions_parse_and_arithmetic() -> None:
     assert header[-2:] == ["aiohttp hello: instr/req", "vs asyncio"]
     assert rows[0] == ["floor", "11,000", "—", "—", "—", "—"]
     assert rows[2] == ["relaxed-eager", "17,500", "6,500", f"0.50{X}", "60,000", f"0.75{X}"]
+    # tlslife has no floor either, and runs fewer rounds (its handshakes).
+    header, rows = instructions.table(
+        {"floor": {}, "asyncio": {"tlslife": 14_000_000.0},
+         "relaxed-eager": {"tlslife": 13_300_000.0}}, ["tlslife"])
+    assert header[-2:] == ["a TLS connection's life: instr/conn", "vs asyncio"]
+    assert rows[2] == ["relaxed-eager", "13,300,000", f"0.95{X}"]
+    assert instructions.rounds_of("tlslife") == (10, 60)
+    assert instructions.rounds_of(1024) == (instructions.LOW_ROUNDS, instructions.HIGH_ROUNDS)
 
 
 _TRANSPORTS_OF_A_COUNT = """
@@ -1384,15 +1392,16 @@ def test_instructions_off_cpython_says_so(
 
 @pytest.mark.bench
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
-@pytest.mark.parametrize("size", [1024, 100 * 1024, "http", "tls"])
+@pytest.mark.parametrize("size", [1024, 100 * 1024, "http", "tls", "tlslife"])
 def test_instructions_child_echoes_every_round(loop_name: str, size: int | str,
                                                tls_dir: Path) -> None:
     """The run valgrind counts, without valgrind: every round comes back
-    (over TLS: the handshakes first, on the floor's SSLObject too)."""
+    (over TLS: the handshakes first, on the floor's SSLObject too; tlslife:
+    every connection of every round handshakes, echoes and closes)."""
 
+    if size in ("http", "tlslife") and loop_name == "floor":
+        pytest.skip(f"the {size} workload has no floor")
     if size == "http":
-        if loop_name == "floor":
-            pytest.skip("the http workload has no floor")
         pytest.importorskip("aiohttp")
 
     proc = subprocess.run(

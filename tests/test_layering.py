@@ -35,7 +35,7 @@ ALLOWED = {
     "_tls": {"_compat", "_shared", "_tlsengine", "_transport"},
     "_datagram": {"_basetransport", "_compat", "_shared"},
     "_pipes": {"_basetransport", "_compat", "_shared", "_writes"},
-    "_serving": {"_accept", "_compat", "_config", "_shared", "_sockets", "_stats",
+    "_serving": {"_accept", "_compat", "_config", "_shared", "_sockets", "_stats", "_tls",
                  "_transport"},
     "_health": set(),
     "_slow": {"_compat"},

@@ -79,6 +79,33 @@ async def close_pair(server: Any, transport: Any, peer: Recording) -> None:
     await server.wait_closed()
 
 
+def test_a_layer_starts_with_what_the_base_inits_set(tls_files: TlsFiles) -> None:
+    """SSLTransport.__init__ sets what FlowControlMixin.__init__ and
+    BaseTransport.__init__ would (tests/test_transport.py holds their bodies
+    to the lines it inlines), and set_protocol's two fields."""
+    from asyncio import transports
+
+    from asyncio_relaxed._tls import SSLTransport
+
+    class Stock(transports._FlowControlMixin):
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    loop = own()
+    try:
+        layer = SSLTransport(loop, asyncio.Protocol(), tls_files.server_context(),
+                             server_side=True)
+        stock = Stock(None, loop)
+        for name in ("_extra", "_loop", "_protocol_paused", "_high_water", "_low_water"):
+            assert getattr(layer, name) == getattr(stock, name), name
+        assert layer._app_buffered is False
+        layer.set_protocol(asyncio.BufferedProtocol())
+        assert layer._app_buffered is True
+        layer._closed = True  # never connected: no unclosed-transport warning
+    finally:
+        loop.close()
+
+
 # -- flow control -----------------------------------------------------------------
 
 

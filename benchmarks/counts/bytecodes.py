@@ -25,7 +25,7 @@ sslproto, which our loop uses today).
 Run::
 
     python -m benchmarks bytecodes [--loops relaxed-eager,relaxed-deferred]
-        [--size 1024|tls|http] [--rounds 200] [--top 25]
+        [--size 1024|tls|http|life|tlslife] [--rounds 200] [--top 25]
 """
 
 from __future__ import annotations
@@ -126,14 +126,14 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
         why = loops.missing(name)
         if why:
             print(f"note: {name} skipped: {why}", file=sys.stderr)
-        elif name == driver.FLOOR and size in (driver.HTTP, driver.LIFE):
+        elif name == driver.FLOOR and size in (driver.HTTP, driver.LIFE, driver.TLSLIFE):
             print(f"note: {name} skipped: the {size} workload has no floor", file=sys.stderr)
         elif loops.SPECS[name].kind not in ("asyncio", "relaxed", "floor"):
             print(f"note: {name} skipped: its loop is compiled code, which executes "
                   "no bytecode to count", file=sys.stderr)
         else:
             names.append(name)
-    if size in driver.OVER_TLS:
+    if size in driver.NEEDS_CERTIFICATES:
         tls.ensure()  # the certificates, once, for every child
     started = results.stamp(results.now())
     result: dict[str, dict[str, tuple[str, float]]] = {}
@@ -148,7 +148,9 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     line = "python -m benchmarks " + " ".join(command[1:])
     label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3",
              driver.STARTTLS: "1 KiB echo over TLS 1.3 reached by start_tls",
-             driver.LIFE: "a connection's life (connect, 1 KiB echo, close)"}.get(
+             driver.LIFE: "a connection's life (connect, 1 KiB echo, close)",
+             driver.TLSLIFE: "a TLS connection's life (connect, TLS 1.3 handshake, "
+                             "1 KiB echo, close_notify, close)"}.get(
         str(size), f"{size} B echo")
     doc = {"started": started, "command": line, "python": sys.version, "size": size,
            "rounds": rounds, "pairs": driver.PAIRS,
@@ -159,7 +161,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     path = results.save(folder, f"{started}-bytecodes", doc, tables.markdown(
         f"Bytecodes per request ({started})",
         f"`{line}`: {label}, {driver.PAIRS} pairs x {rounds} rounds after "
-        f"{driver.WARMUP_ROUNDS} warm-up rounds, sys.monitoring; "
+        f"{driver.warmup_rounds(size)} warm-up rounds, sys.monitoring; "
         f"Python {sys.version.split()[0]}",
         [("", head, body), (f"The {len(fn_body)} functions with the most, on any loop "
                             "(the driver's left out):", fn_head, fn_body)]))

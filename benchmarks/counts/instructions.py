@@ -35,6 +35,14 @@ connection: connect, a 1 KiB echo, close (benchmarks.counts.driver), with
 the accept, the transport's making and its end in it.  Like ``http`` it has
 no floor row: read it against stock.
 
+The ``tlslife`` column (``--sizes ...,tlslife``) is the same over TLS 1.3,
+a full handshake per connection (``tls-churn`` in one process): connect,
+handshake, a 1 KiB echo, close_notify both ways, close, with the clients'
+side of it in the count (the same Python and OpenSSL work on every loop).
+Its handshakes cost about 15 million instructions per connection, so it
+runs 10 and 60 rounds after 10 of warm-up (500 connections apart), not
+100 and 600 after 100.  No floor row: read it against stock and uvloop.
+
 The ``tls`` column (``--sizes ...,tls``) is the 1 KiB echo over TLS 1.3
 (an RSA-2048 certificate, benchmarks.harness.tls, made once by the parent):
 what each loop's TLS stack (stock's sslproto, uvloop's, ours) executes per
@@ -52,7 +60,7 @@ own Python code shows.
 Run::
 
     python -m benchmarks instructions [--loops asyncio,uvloop,relaxed-eager]
-        [--sizes 1024,102400,http,tls,life] [--baseline DIR]
+        [--sizes 1024,102400,http,tls,life,tlslife] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
 command says so and exits, as it does on any Python but CPython (see run()).
@@ -72,7 +80,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.counts import driver
-from benchmarks.counts.driver import FLOOR, HTTP, LIFE, PAIRS, TLS, WARMUP_ROUNDS
+from benchmarks.counts.driver import FLOOR, HTTP, LIFE, PAIRS, TLS, TLSLIFE, WARMUP_ROUNDS
 from benchmarks.harness import checkout, loops, processes, results, tables, tls
 
 #: The two run lengths whose difference is measured: 5,000 requests apart
@@ -82,8 +90,10 @@ LOW_ROUNDS = 100
 HIGH_ROUNDS = 600
 DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-deferred")
 DEFAULT_SIZES = (1024, 100 * 1024)
+#: The run lengths of the workloads whose rounds cost the most (see the docstring).
+SIZE_ROUNDS: dict[int | str, tuple[int, int]] = {TLSLIFE: (10, 60)}
 #: The sizes without a floor row.
-NO_FLOOR = (HTTP, LIFE)
+NO_FLOOR = (HTTP, LIFE, TLSLIFE)
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
@@ -118,12 +128,17 @@ def per_request(low: int, high: int, low_rounds: int = LOW_ROUNDS,
     return (high - low) / ((high_rounds - low_rounds) * PAIRS)
 
 
+def rounds_of(size: int | str) -> tuple[int, int]:
+    """The (low, high) rounds of workload *size*."""
+    return SIZE_ROUNDS.get(size, (LOW_ROUNDS, HIGH_ROUNDS))
+
+
 def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
             progress: Callable[[str], None]) -> dict[str, dict[str, float]]:
     """{loop: {size: instructions per request}}, the floor included (not for
     http and life, which have none)."""
     tasks = [(name, size, rounds) for name in (FLOOR, *loop_names) for size in sizes
-             for rounds in (LOW_ROUNDS, HIGH_ROUNDS)
+             for rounds in rounds_of(size)
              if not (name == FLOOR and size in NO_FLOOR)]
 
     def one(task: tuple[str, int | str, int]) -> tuple[tuple[str, int | str, int], int]:
@@ -136,9 +151,10 @@ def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         totals = dict(pool.map(one, tasks))
-    return {name: {str(size): per_request(totals[(name, size, LOW_ROUNDS)],
-                                          totals[(name, size, HIGH_ROUNDS)])
-                   for size in sizes if (name, size, LOW_ROUNDS) in totals}
+    return {name: {str(size): per_request(totals[(name, size, rounds_of(size)[0])],
+                                          totals[(name, size, rounds_of(size)[1])],
+                                          *rounds_of(size))
+                   for size in sizes if (name, size, rounds_of(size)[0]) in totals}
             for name in (FLOOR, *loop_names)}
 
 
@@ -154,6 +170,9 @@ def table(result: dict[str, dict[str, float]],
             continue
         if size == LIFE:
             head += ["a connection's life: instr/conn", "vs asyncio"]
+            continue
+        if size == TLSLIFE:
+            head += ["a TLS connection's life: instr/conn", "vs asyncio"]
             continue
         if size in driver.OVER_TLS:
             label = f"{'TLS' if size == TLS else 'start_tls'} {driver.TLS_SIZE // 1024} KiB"
@@ -220,7 +239,7 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
     if HTTP in sizes and importlib.util.find_spec("aiohttp") is None:
         print("note: the http workload skipped: aiohttp is not installed", file=sys.stderr)
         sizes.remove(HTTP)
-    over_tls = [size for size in sizes if size in driver.OVER_TLS]
+    over_tls = [size for size in sizes if size in driver.NEEDS_CERTIFICATES]
     if over_tls:
         why = tls.missing()
         if why:
@@ -245,6 +264,8 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
     line = "python -m benchmarks " + " ".join(command[1:])
     doc = {"started": started, "command": line, "python": sys.version,
            "pairs": PAIRS, "rounds": [LOW_ROUNDS, HIGH_ROUNDS], "warmup_rounds": WARMUP_ROUNDS,
+           "size_rounds": {str(size): [*rounds_of(size), driver.warmup_rounds(size)]
+                           for size in sizes if size in SIZE_ROUNDS},
            "versions": {n: loops.version(n) for n in runnable},
            "instructions_per_request": result}
     path = results.save(folder, f"{started}-instructions", doc, tables.markdown(
