@@ -184,7 +184,7 @@ class TLSEngine:
         """The handshake's results get_extra_info serves: peercert, cipher,
         compression (getpeercert may raise, as stock's handshake reports)."""
         direct = self.direct
-        return (direct.getpeercert(), direct.cipher(), direct.compression())
+        return (direct.getpeercert(False), direct.cipher(), direct.compression())
 
     def encrypt(self, data: Any) -> int:
         """Application data into records: how much of *data* went (0 when
