@@ -359,13 +359,20 @@ class _Life:
         self.unechoed = self.open = 0
         self.finished = loop.create_future()
 
-    def next_round(self) -> None:
+    def counted_off(self) -> bool:
+        """A round is counted off and the hook told, or, once none is
+        left, the run ends (False)."""
         if not self.rounds:
             self.on_round(-1)
             self.finished.set_result(None)
-            return
+            return False
         self.rounds -= 1
         self.on_round(self.rounds)
+        return True
+
+    def next_round(self) -> None:
+        if not self.counted_off():
+            return
         self.unechoed = LIFE_SIZE * PAIRS
         self.open = PAIRS
         self.clients = []
@@ -429,12 +436,8 @@ class _TlsLife(_Life):
         self.shut = 0  # clients of this round closed
 
     def next_round(self) -> None:
-        if not self.rounds:
-            self.on_round(-1)
-            self.finished.set_result(None)
+        if not self.counted_off():
             return
-        self.rounds -= 1
-        self.on_round(self.rounds)
         self.open = self.shut = PAIRS
         for _ in range(PAIRS):
             raw = socket.socket()
