@@ -352,7 +352,6 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         extra: dict[str, Any] | None = None,
         server: Any = None,
         context: Any = None,
-        sockname: Any = None,  # the accept path's: its listener's accepted_sockname
         **timeouts: Any,  # ssl_handshake_timeout, ssl_shutdown_timeout
     ) -> Any:
         if _compat.PY314:
@@ -361,13 +360,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             layer = SSLTransport(self, protocol, sslcontext, waiter, server_side,
                                  server_hostname, **timeouts)
             SocketTransport(self, rawsock, layer, extra=extra, server=server,
-                            shared=self._shared, context=context, sockname=sockname)
+                            shared=self._shared, context=context)
             return layer
         ssl_protocol = _compat.SSLProtocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
         )
         SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
-                        shared=self._shared, context=context, sockname=sockname)
+                        shared=self._shared, context=context)
         return ssl_protocol._app_transport
 
     def _make_datagram_transport(

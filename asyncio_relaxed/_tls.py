@@ -111,15 +111,10 @@ _IN_HIGH, _IN_LOW = _compat.flow_control_defaults(None, None,
                                                   _compat.FLOW_CONTROL_HIGH_WATER_SSL_READ)
 _OUT_HIGH, _OUT_LOW = _compat.flow_control_defaults(None, None,
                                                     _compat.FLOW_CONTROL_HIGH_WATER_SSL_WRITE)
-#: FlowControlMixin._set_write_buffer_limits()'s marks, which __init__ sets
-#: as the mixin's __init__ would (this layer's own are _app_high/_app_low).
-_MIXIN_HIGH = 64 * 1024
-_MIXIN_LOW = _MIXIN_HIGH // 4
-#: The steps the hot paths name without a table lookup (a state is an Enum,
-#: whose hash is a Python call): what ON_CIPHERTEXT and ON_CLOSE say for the
-#: handshake and for an open connection.
-_HANDSHAKE_STEP = _STEPS[DO_HANDSHAKE]
-assert _HANDSHAKE_STEP == "_do_handshake", _HANDSHAKE_STEP
+#: What ON_CIPHERTEXT and ON_CLOSE say for the handshake and for an open
+#: connection, which the hot paths name without a table lookup (a state is
+#: stock's Enum, whose hash is a Python call).
+assert _STEPS[DO_HANDSHAKE] == "_do_handshake", _STEPS[DO_HANDSHAKE]
 _CLOSE_WRAPPED = ON_CLOSE[WRAPPED]
 
 
@@ -202,14 +197,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
                              f"got {ssl_shutdown_timeout}")
         if not sslcontext:
             sslcontext = _compat.create_tls_context(server_side, server_hostname)
-        # FlowControlMixin.__init__(None, loop) and BaseTransport.__init__,
-        # without their three frames (the bodies tests/test_transport.py
-        # holds TransportBase.__init__'s same lines to).
-        self._extra: dict[str, Any] = {}
-        self._loop = loop
-        self._protocol_paused = False
-        self._high_water = _MIXIN_HIGH
-        self._low_water = _MIXIN_LOW
+        _Base.__init__(self, None, loop)
         self._shared: TransportShared = loop._shared
         self._lower: Any = None  # the byte stream, from connection_made to connection_lost
         self._protocol: Any = None
@@ -243,10 +231,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         self._ssl_writing_paused = False  # the byte stream's buffer paused this layer
         self._app_high, self._app_low = _OUT_HIGH, _OUT_LOW
         self._in_high, self._in_low = _IN_HIGH, _IN_LOW
-        # set_protocol(protocol)'s body.
-        self._protocol = protocol
-        self._app_buffered = (hasattr(protocol, "get_buffer")
-                              and isinstance(protocol, asyncio.BufferedProtocol))
+        self.set_protocol(protocol)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else self._engine.state.name.lower()
@@ -278,7 +263,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         if state is WRAPPED:
             self._do_read()
         elif state is DO_HANDSHAKE:
-            self._do_handshake()  # ON_CIPHERTEXT's step (_HANDSHAKE_STEP)
+            self._do_handshake()  # ON_CIPHERTEXT's step (asserted above)
         elif state in _STEPS:
             getattr(self, _STEPS[state])()
 
@@ -539,13 +524,12 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             return True
         self._process_outgoing()
         if done:
-            if self._app_state is _App.STATE_CON_MADE:  # else it has nothing to do
-                self._call_eof_received()
+            self._call_eof_received()
             self._on_shutdown_complete(None)
         return done
 
     def _on_shutdown_complete(self, shutdown_exc: Any) -> None:
-        if not _compat.TLS_CLOSING_WITH_SOCKET and self._shutdown_timer is not None:
+        if not _compat.TLS_CLOSING_WITH_SOCKET:
             self._cancel_shutdown_timer()
         if shutdown_exc:
             self._cancel_shutdown_timer()
@@ -805,9 +789,8 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         that timer lives, and none of the application's code either when
         nothing waits on it (no backlog, no paused writer to resume, no
         high-water mark of 0, reading not paused below, a plain Protocol,
-        whose reads ask it nothing, the incoming BIO under its mark;
-        eof_received delivered; not in debug
-        mode, where the timer would record its traceback).  Then this skips
+        whose reads ask it nothing, the incoming BIO under its mark; not in
+        debug mode, where the timer would record its traceback).  Then this skips
         the read and the timer (a third of this layer's Python calls per
         connection), and schedules the timer only if the shutdown waits
         after all (stock's, a few microseconds later).  3.14+ keeps the
@@ -816,8 +799,7 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
         if (self._engine.state is not WRAPPED or self._backlog or self._app_buffered
                 or self._protocol_paused or self._ssl_writing_paused
                 or self._ssl_reading_paused or self._app_high <= 0
-                or self._incoming.pending >= self._in_high
-                or self._app_state is _App.STATE_CON_MADE or self._loop._debug):
+                or self._incoming.pending >= self._in_high or self._loop._debug):
             self._start_shutdown()
             return
         self._closed = True
@@ -885,10 +867,8 @@ class SSLTransport(_Base, asyncio.BufferedProtocol,  # type: ignore[misc]
             self._app_state = _App.STATE_CON_LOST
             self._loop.call_soon(self._protocol.connection_lost, exc)
         self._engine.to(END)
-        if self._waiter is not None:  # (the calls, only where they have work)
-            self._wakeup_waiter(exc)
-        if self._shutdown_timer is not None:
-            self._cancel_shutdown_timer()
+        self._wakeup_waiter(exc)
+        self._cancel_shutdown_timer()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
