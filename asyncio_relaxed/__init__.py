@@ -27,6 +27,7 @@ from ._config import (
     PipeMode,
     Poller,
     TlsMode,
+    Transports,
     WriteMode,
     resolve,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Poller",
     "SlowCallback",
     "TlsMode",
+    "Transports",
     "WriteMode",
     "install",
     "new_event_loop",

@@ -94,7 +94,7 @@ import errno
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from ._config import AcceptStrategy
 from ._sockets import C_INIT, C_NEW
@@ -226,6 +226,7 @@ class ListenerStatistics:
     rest_seconds: float
 
 
+@dataclasses.dataclass(slots=True, eq=False, repr=False)
 class Listener:
     """One listening socket being served (see the theory of operation).
 
@@ -234,77 +235,52 @@ class Listener:
     before, or when the caller gave none).
     """
 
-    __slots__ = (
-        "accepted",
-        "backlog",
-        "context",
-        "failing",
-        "family",
-        "host",
-        "inherits",
-        "kind",
-        "plain",
-        "proto",
-        "protocol_factory",
-        "queue_length",
-        "queue_length_max",
-        "rest_seconds",
-        "rests",
-        "server",
-        "sock",
-        "sockname",
-        "sslcontext",
-        "state",
-        "stats",
-        "timeouts",
-        "timer",
-    )
+    host: Any
+    protocol_factory: Any
+    sock: socket.socket
+    sslcontext: Any
+    server: Any
+    backlog: int
+    timeouts: tuple[Any, ...]
+    context: Any
+    stats: Any = dataclasses.field(init=False)  # the host's counters
+    state: ListenerState = dataclasses.field(init=False, default=_POLLED)
+    # In an accept-resource-error episode (reported once).
+    failing: bool = dataclasses.field(init=False, default=False)
+    # Ends a rest or a back-off.
+    timer: Any = dataclasses.field(init=False, default=None)
+    # What statistics() shows: connections accepted, the accept queue's
+    # length as last read and at its longest (None: never read), and
+    # accept=balanced's rests and their scheduled seconds.
+    accepted: int = dataclasses.field(init=False, default=0)
+    queue_length: int | None = dataclasses.field(init=False, default=None)
+    queue_length_max: int | None = dataclasses.field(init=False, default=None)
+    rests: int = dataclasses.field(init=False, default=0)
+    rest_seconds: float = dataclasses.field(init=False, default=0.0)
+    # A plain socket.socket is accepted from without socket.accept(), which
+    # reads the family and type as enum members per call: its C accept and
+    # the three numbers, read once.
+    plain: bool = dataclasses.field(init=False)
+    family: int = dataclasses.field(init=False)
+    kind: int = dataclasses.field(init=False)
+    proto: int = dataclasses.field(init=False)
+    # Whether its connections inherit TCP_NODELAY and the keepalive options
+    # set on it (its host decides: Linux copies them from a TCP listener).
+    inherits: bool = dataclasses.field(init=False, default=False)
+    # The local address its connections share, where one is (else None:
+    # each is asked; its host decides).
+    sockname: Any = dataclasses.field(init=False, default=None)
 
-    def __init__(
-        self,
-        host: Any,
-        protocol_factory: Any,
-        sock: socket.socket,
-        sslcontext: Any,
-        server: Any,
-        backlog: int,
-        timeouts: tuple[Any, ...],
-        context: Any,
-    ) -> None:
-        self.host = host
-        self.stats = host.stats
-        self.protocol_factory = protocol_factory
-        self.sock = sock
-        self.sslcontext = sslcontext
-        self.server = server
-        self.backlog = backlog
-        self.timeouts = timeouts
-        self.context = context
-        self.state = _POLLED
-        self.failing = False  # in an accept-resource-error episode (reported once)
-        self.timer: Any = None  # ends a rest or a back-off
-        # What statistics() shows: connections accepted, the accept queue's
-        # length as last read and at its longest (None: never read), and
-        # accept=balanced's rests and their scheduled seconds.
-        self.accepted = 0
-        self.queue_length: int | None = None
-        self.queue_length_max: int | None = None
-        self.rests = 0
-        self.rest_seconds = 0.0
-        # A plain socket.socket is accepted from without socket.accept(),
-        # which reads the family and type as enum members per call: its
-        # C accept and the three numbers, read once.
+    #: The AcceptStrategy a subclass implements.
+    strategy: ClassVar[AcceptStrategy]
+
+    def __post_init__(self) -> None:
+        self.stats = self.host.stats
+        sock = self.sock
         self.plain = type(sock) is socket.socket and _C_ACCEPT is not None
         if self.plain:
             self.family, self.kind, self.proto = _FAMILY.__get__(sock), _TYPE.__get__(sock), \
                 sock.proto
-        # Whether its connections inherit TCP_NODELAY and the keepalive
-        # options set on it (its host decides: Linux copies them from a TCP
-        # listener).
-        self.inherits = False
-        # The local address its connections share, where one is (else None:
-        # each is asked; its host decides).
-        self.sockname: Any = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} fd={self.sock.fileno()} {self.state.value}>"
@@ -322,9 +298,6 @@ class Listener:
         return int(self.host.accept_batch or self.backlog)
 
     # -- one readiness event ----------------------------------------------
-
-    #: The AcceptStrategy a subclass implements.
-    strategy: AcceptStrategy
 
     def ready(self) -> None:
         """The listening socket is readable: accept by the strategy."""

@@ -30,6 +30,7 @@ __all__ = [
     "PipeMode",
     "Poller",
     "TlsMode",
+    "Transports",
     "WriteMode",
     "resolve",
 ]
@@ -90,36 +91,24 @@ class Poller(enum.StrEnum):
     SELECT = "select"
 
 
-class TlsMode(enum.StrEnum):
-    """Which transport carries a TLS connection."""
+class Transports(enum.StrEnum):
+    """Which transports carry a kind of connection: TLS (``tls``), pipes
+    (``pipe``) or datagram endpoints (``datagram``).  The settings' own
+    documentation (their ``why``) says what each choice does."""
 
-    #: The loop's own TLS layer (asyncio_relaxed/_tls.py) over the loop's
-    #: socket transport, for ssl= and start_tls() alike.
+    #: The loop's own transports (asyncio_relaxed/_tls.py, _pipes.py,
+    #: _datagram.py): reads into the loop's one buffer, writes on its send
+    #: path, counted in loop.statistics().
     OWN = "own"
-    #: Stock asyncio's SSLProtocol over the loop's socket transport.
+    #: Stock asyncio's transports (SSLProtocol, the pipe and datagram
+    #: transports) over the loop's poller.
     STOCK = "stock"
 
 
-class PipeMode(enum.StrEnum):
-    """Which transports carry pipes (subprocesses, connect_read_pipe,
-    connect_write_pipe)."""
-
-    #: The loop's own pipe transports (asyncio_relaxed/_pipes.py): reads
-    #: into the loop's one buffer, writes on the loop's write queue.
-    OWN = "own"
-    #: Stock asyncio's pipe transports.
-    STOCK = "stock"
-
-
-class DatagramMode(enum.StrEnum):
-    """Which transport carries a datagram endpoint (create_datagram_endpoint)."""
-
-    #: The loop's own datagram transport (asyncio_relaxed/_datagram.py):
-    #: up to ``datagram_batch`` datagrams per readiness event, read into the
-    #: loop's one buffer, counted in loop.statistics().
-    OWN = "own"
-    #: Stock asyncio's transport: one recvfrom(256 KiB) per readiness event.
-    STOCK = "stock"
+#: The type of the tls, pipe and datagram settings by the setting's name.
+TlsMode = Transports
+PipeMode = Transports
+DatagramMode = Transports
 
 
 def _field(default: Any, *, unit: str, why: str) -> Any:
@@ -239,8 +228,8 @@ class Config:
             "0 turns it off. Stock asyncio does it only in debug mode."
         ),
     )
-    tls: TlsMode = _field(
-        TlsMode.OWN,
+    tls: Transports = _field(
+        Transports.OWN,
         unit="mode",
         why=(
             "own carries TLS in one transport per connection (socket, "
@@ -250,8 +239,8 @@ class Config:
             "connection, for ssl=, start_tls() and TLS over TLS alike."
         ),
     )
-    datagram: DatagramMode = _field(
-        DatagramMode.OWN,
+    datagram: Transports = _field(
+        Transports.OWN,
         unit="mode",
         why=(
             "own reads up to datagram_batch datagrams per readiness event into "
@@ -272,8 +261,8 @@ class Config:
             "event, as stock does."
         ),
     )
-    pipe: PipeMode = _field(
-        PipeMode.OWN,
+    pipe: Transports = _field(
+        Transports.OWN,
         unit="mode",
         why=(
             "own reads a pipe into the loop's one buffer (one exact-size copy) "
