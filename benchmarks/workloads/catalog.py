@@ -5,21 +5,22 @@ A workload runs on its ``loops`` when it is named (``--workloads``,
 ``python -m benchmarks run`` runs, on those loops: our default configuration
 against every peer, and a second preset only where it is the point of the
 workload (``write=deferred`` under small writes, ``accept=balanced`` under
-fairness).  That set is sized to finish within 4 minutes on a 2-core
+fairness).  That set is sized to finish within 6 minutes on a 2-core
 machine with every peer: at 3 repeats of 0.25 s warm-up + 1 s each and one
 strace run of at most 0.5 s where system calls are counted, a loop costs
-about 4.5 s per workload (one run of the default set on CPython 3.15.2 took
-3 min 47 s, docs/benchmarks.md).  Where each workload comes from
-(docs/benchmarks.md): vmbench's echo servers, HAProxy's 0 B / 4 KiB HTTP
-test, node's tcp-raw-pipe, libuv's accept fairness, TechEmpower's plaintext
-test (uvicorn), wrk2's constant-rate load (open loop), the TLS echo behind
-create_server(ssl=), and a UDP echo (create_datagram_endpoint) in single
-datagrams and in QUIC's bursts.
+about 4.5 s per workload (docs/benchmarks.md has the timings of runs).
+Where each workload comes from (docs/benchmarks.md): vmbench's echo
+servers, HAProxy's 0 B / 4 KiB HTTP test, node's tcp-raw-pipe, libuv's
+accept fairness, TechEmpower's plaintext test (uvicorn), wrk2's constant-
+rate load (open loop), the TLS echo behind create_server(ssl=), and a UDP
+echo (create_datagram_endpoint) in single datagrams and in QUIC's bursts.
 
-The TLS workloads (``tls-*``, ``https-0b``) run by name only: at about
-4.5 s per loop, the TLS echo on the six loops of the default set would add
-about 27 s and take the default set past its 4 minutes.  So do the UDP
-workloads (``udp-*``), for the same reason.
+Three TLS workloads are in the default set, on our default settings and
+the peers: the 1 KiB echo (``tls-echo-1k-c10``), aiohttp over TLS
+(``https-0b``) and a handshake per connection (``tls-churn``).  The rest
+(the 64 KiB echo, start_tls, the TLS floors, the aiofastnet pairings, the
+``tls`` presets) and the UDP workloads (``udp-*``) run by name, each on
+all its loops.
 
 A workload that needs a package the suite does not (uvicorn, httptools)
 names it in ``needs``; where it is missing, :func:`missing` says so and the
@@ -194,16 +195,16 @@ def _tls() -> list[Workload]:
     return [
         Workload("tls-echo-1k-c10", "echo over TLS 1.3, protocol server, 1 KiB messages, "
                  "10 connections", "echo-protocol", "echo", 10, 1 * KiB, 1 * KiB,
-                 loops=TLS_LOOPS, tls=True, needs=("trustme",)),
+                 loops=TLS_LOOPS, tls=True, needs=("trustme",), default_loops=IO_DEFAULT),
         Workload("tls-echo-64k-c10", "echo over TLS 1.3, protocol server, 64 KiB messages, "
                  "10 connections", "echo-protocol", "echo", 10, 64 * KiB, 64 * KiB,
                  loops=TLS_LOOPS, tls=True, needs=("trustme",)),
         Workload("https-0b", "aiohttp keep-alive over TLS 1.3, GET returning 0 B, "
                  "10 connections", "http", "wrk", 10, path="/", loops=_TLS_EVENT_LOOPS,
-                 tls=True, needs=("aiohttp", "trustme")),
+                 tls=True, needs=("aiohttp", "trustme"), default_loops=IO_DEFAULT),
         Workload("tls-churn", "a new TLS 1.3 connection per 1 KiB request (a full handshake "
                  "each), 10 clients", "echo-protocol", "churn", 10, unit="connection",
-                 loops=TLS_LOOPS, tls=True, needs=("trustme",)),
+                 loops=TLS_LOOPS, tls=True, needs=("trustme",), default_loops=IO_DEFAULT),
         # asyncpg's and SMTP's way to TLS: the same echo as tls-echo-1k-c10
         # once the connections are upgraded, so the two compare start_tls
         # with ssl= on each loop.
