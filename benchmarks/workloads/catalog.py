@@ -11,9 +11,10 @@ strace run of at most 0.5 s where system calls are counted, a loop costs
 about 4.5 s per workload (docs/benchmarks.md has the timings of runs).
 Where each workload comes from (docs/benchmarks.md): vmbench's echo
 servers, HAProxy's 0 B / 4 KiB HTTP test, node's tcp-raw-pipe, libuv's
-accept fairness, TechEmpower's plaintext test (uvicorn), wrk2's constant-
-rate load (open loop), the TLS echo behind create_server(ssl=), and a UDP
-echo (create_datagram_endpoint) in single datagrams and in QUIC's bursts.
+accept fairness, TechEmpower's plaintext test (uvicorn), wrk2's
+constant-rate load (open loop), the TLS echo behind create_server(ssl=),
+and a UDP echo (create_datagram_endpoint) in single datagrams and in
+QUIC's bursts.
 
 Three TLS workloads are in the default set, on our default settings and
 the peers: the 1 KiB echo (``tls-echo-1k-c10``), aiohttp over TLS
