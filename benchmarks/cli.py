@@ -57,8 +57,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _size(text: str) -> int | str:
-    """A size of the count tools: bytes, or the tls, starttls, http, life or
-    tlslife workload."""
+    """A size of the count tools: bytes, or the tls, starttls, streams, http,
+    life or tlslife workload."""
     if text in driver.NAMED:
         return text
     try:
@@ -66,7 +66,8 @@ def _size(text: str) -> int | str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, {driver.TLS} "
                                          f"(1 KiB over TLS), {driver.STARTTLS} (the same "
-                                         f"after start_tls), {driver.HTTP}, "
+                                         f"after start_tls), {driver.STREAMS} (1 KiB through "
+                                         f"streams), {driver.HTTP}, "
                                          f"{driver.LIFE} (a connection's life) or "
                                          f"{driver.TLSLIFE} (a TLS connection's life)"
                                          ) from None
@@ -178,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     _loops_option(i, instructions.DEFAULT_LOOPS)
     i.add_argument("--sizes", type=_sizes, default=list(instructions.DEFAULT_SIZES),
                    help="message sizes in bytes, tls for the 1 KiB echo over TLS 1.3, "
-                   "starttls for the same reached by start_tls, "
+                   "starttls for the same reached by start_tls, streams for 1 KiB "
+                   "through asyncio's streams, "
                    "http for the aiohttp workload, life and tlslife for a connection's "
                    "life, plain and over TLS (1024,102400)")
     _baseline_option(i, "count")
@@ -192,6 +194,7 @@ def parser() -> argparse.ArgumentParser:
     _loops_option(b, bytecodes.DEFAULT_LOOPS)
     b.add_argument("--size", type=_size, default=1024,
                    help="message size in bytes, tls for the 1 KiB echo over TLS 1.3, "
+                   "streams for 1 KiB through asyncio's streams, "
                    "http for the aiohttp workload, or life and tlslife for a connection's "
                    "life, plain and over TLS (1024)")
     b.add_argument("--rounds", type=int, default=bytecodes.ROUNDS,

@@ -1307,6 +1307,12 @@ def test_instructions_parse_and_arithmetic() -> None:
     assert header[-2:] == ["a TLS connection's life: instr/conn", "vs asyncio"]
     assert rows[2] == ["relaxed-eager", "13,300,000", f"0.95{X}"]
     assert instructions.rounds_of("tlslife") == (10, 60)
+    # streams has the plain 1 KiB echo's floor.
+    header, rows = instructions.table(
+        {"floor": {"streams": 11_000.0}, "asyncio": {"streams": 52_000.0},
+         "relaxed-eager": {"streams": 46_000.0}}, ["streams"])
+    assert header[1:] == ["streams 1 KiB: instr/req", "above floor", "vs asyncio (above floor)"]
+    assert rows[2] == ["relaxed-eager", "46,000", "35,000", f"0.85{X}"]
     assert instructions.rounds_of(1024) == (instructions.LOW_ROUNDS, instructions.HIGH_ROUNDS)
 
 
@@ -1396,12 +1402,13 @@ def test_instructions_off_cpython_says_so(
 
 @pytest.mark.bench
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
-@pytest.mark.parametrize("size", [1024, 100 * 1024, "http", "tls", "tlslife"])
+@pytest.mark.parametrize("size", [1024, 100 * 1024, "http", "tls", "tlslife", "streams"])
 def test_instructions_child_echoes_every_round(loop_name: str, size: int | str,
                                                tls_dir: Path) -> None:
     """The run valgrind counts, without valgrind: every round comes back
     (over TLS: the handshakes first, on the floor's SSLObject too; tlslife:
-    every connection of every round handshakes, echoes and closes)."""
+    every connection of every round handshakes, echoes and closes; streams:
+    every handler task ends at the clients' EOF, leaving no pending task)."""
 
     if size in ("http", "tlslife") and loop_name == "floor":
         pytest.skip(f"the {size} workload has no floor")
@@ -1414,6 +1421,7 @@ def test_instructions_child_echoes_every_round(loop_name: str, size: int | str,
         cwd=processes.ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+    assert "Task was destroyed" not in proc.stderr, proc.stderr
 
 
 # -- bytecodes per request per function (sys.monitoring) ------------------------------

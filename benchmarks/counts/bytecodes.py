@@ -148,6 +148,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
     line = "python -m benchmarks " + " ".join(command[1:])
     label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3",
              driver.STARTTLS: "1 KiB echo over TLS 1.3 reached by start_tls",
+             driver.STREAMS: "1 KiB echo through asyncio's streams",
              driver.LIFE: "a connection's life (connect, 1 KiB echo, close)",
              driver.TLSLIFE: "a TLS connection's life (connect, TLS 1.3 handshake, "
                              "1 KiB echo, close_notify, close)"}.get(

@@ -18,6 +18,10 @@ process, so both drive it in-process:
   ``connect_accepted_socket`` and then upgraded by ``loop.start_tls()``
   (asyncpg's and SMTP's way to TLS), so against ``tls`` it is the cost of
   the loop's start_tls path beside its ``ssl=`` path;
+* ``streams``: the 1 KiB echo through asyncio's streams: the served ends
+  through ``connect_accepted_socket`` with a ``StreamReaderProtocol``
+  whose handler task reads, writes and drains (a Task step per message, as
+  ``asyncio.start_server`` serves it); its floor is the plain 1 KiB one;
 * ``http``: an aiohttp app on the loop under test, ``GET /`` answering 0
   bytes, over ``PAIRS`` keep-alive connections driven the same way (one
   request per connection per round, the next round once the handler has
@@ -67,13 +71,15 @@ TLS = "tls"
 STARTTLS = "starttls"
 LIFE = "life"
 TLSLIFE = "tlslife"
+STREAMS = "streams"
 #: The workloads named, not sized in bytes, the echoes over TLS, and every
 #: workload that needs the TLS certificates.
-NAMED = (HTTP, TLS, STARTTLS, LIFE, TLSLIFE)
+NAMED = (HTTP, TLS, STARTTLS, LIFE, TLSLIFE, STREAMS)
 OVER_TLS = (TLS, STARTTLS)
 NEEDS_CERTIFICATES = (*OVER_TLS, TLSLIFE)
 LIFE_SIZE = 1024
 TLS_SIZE = 1024
+STREAMS_SIZE = 1024
 HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
 FLOOR = "floor"
 #: The loops' functions of the floors (module:qualname), for the counts' groups.
@@ -186,10 +192,11 @@ class Driver:
 
 def child(loop_name: str, size: int | str, rounds: int,
           on_round: Callable[[int], None] | None = None) -> None:
-    """One echo run (*size* bytes, TLS or STARTTLS for 1 KiB over TLS) of
-    *rounds* after the warm-up, on loop *loop_name* or the floor."""
+    """One echo run (*size* bytes, TLS or STARTTLS for 1 KiB over TLS,
+    STREAMS for 1 KiB through streams) of *rounds* after the warm-up, on
+    loop *loop_name* or the floor."""
     over_tls = size in OVER_TLS
-    nbytes = TLS_SIZE if over_tls else int(size)
+    nbytes = TLS_SIZE if over_tls else STREAMS_SIZE if size == STREAMS else int(size)
     served, clients = _pairs(nbytes, over_tls)
     driver = Driver(clients, nbytes, WARMUP_ROUNDS + rounds, on_round)
     if loop_name == FLOOR:
@@ -226,7 +233,21 @@ def child(loop_name: str, size: int | str, rounds: int,
         echo = Echo(round_done)
         echo.connection_made(await loop.start_tls(transport, echo, context, server_side=True))
 
+    async def echo_streams(reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            round_done(len(data))
+            await writer.drain()
+        writer.close()
+
+    def streams_protocol() -> asyncio.StreamReaderProtocol:
+        return asyncio.StreamReaderProtocol(asyncio.StreamReader(), echo_streams)
+
     async def serve_all() -> None:
+        if size == STREAMS:
+            await asyncio.gather(*(accept(streams_protocol, sock) for sock in served))
+            return
         if size == STARTTLS:
             plain = await asyncio.gather(*(accept(asyncio.Protocol, sock) for sock in served))
             upgrades = [asyncio.ensure_future(upgrade(transport)) for transport, _ in plain]
@@ -246,6 +267,10 @@ def child(loop_name: str, size: int | str, rounds: int,
         loop.run_until_complete(asyncio.sleep(0))
     driver.send_round()
     loop.run_until_complete(finished)
+    if size == STREAMS:  # the handlers end at EOF
+        for client in clients:
+            client.shutdown(socket.SHUT_WR)
+        loop.run_until_complete(asyncio.sleep(0.1))
     loop.close()
 
 

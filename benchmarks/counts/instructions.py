@@ -176,6 +176,8 @@ def table(result: dict[str, dict[str, float]],
             continue
         if size in driver.OVER_TLS:
             label = f"{'TLS' if size == TLS else 'start_tls'} {driver.TLS_SIZE // 1024} KiB"
+        elif size == driver.STREAMS:
+            label = f"streams {driver.STREAMS_SIZE // 1024} KiB"
         else:
             label = f"{size // 1024} KiB" if int(size) % 1024 == 0 else f"{size} B"
         head += [f"{label}: instr/req", "above floor", "vs asyncio (above floor)"]
