@@ -287,6 +287,17 @@ def test_enum_str_is_the_token(member: object, token: str) -> None:
     assert f"{member}" == token
 
 
+def test_tls_pipe_and_datagram_share_one_type() -> None:
+    """The three settings that choose the loop's own transports or stock's
+    take one enum, by any of its names, from the package too."""
+    assert TlsMode is PipeMode is DatagramMode is asyncio_relaxed.Transports
+    assert asyncio_relaxed.TlsMode is asyncio_relaxed.Transports
+    assert [m.value for m in asyncio_relaxed.Transports] == ["own", "stock"]
+    config = resolve({"tls": "stock", "pipe": "own", "datagram": "STOCK"}, {})
+    assert (config.tls, config.pipe, config.datagram) == (
+        asyncio_relaxed.Transports.STOCK, PipeMode.OWN, TlsMode.STOCK)
+
+
 @pytest.mark.parametrize(
     ("name", "raw", "expected"),
     [
