@@ -628,9 +628,11 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             inline = _INLINE
         else:
             inline = _INLINE_HANDLE
-        popleft = ready.popleft
+        # ready.popleft() is called as a method: CPython specializes that
+        # call (3.11: a method descriptor without arguments), not a call of
+        # a bound builtin method kept in a local.
         for _ in range(ntodo):
-            handle = popleft()
+            handle = ready.popleft()
             if handle._cancelled:
                 ran -= 1
                 continue
