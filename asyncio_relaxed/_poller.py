@@ -580,8 +580,8 @@ class DeferredSelector(selectors.BaseSelector):
         if self._epoll is None:
             return self.ready(timeout)
         events = self._wait(timeout)
-        if events is None:
-            return []
+        if not events and (events is None or not self._always_ready):
+            return []  # interrupted, or nothing to deliver (nothing to count)
         datas = self._data
         states = self._state
         epollin = EPOLLIN
