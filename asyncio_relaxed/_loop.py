@@ -593,7 +593,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             self._poll_stock(timeout)
 
         # Phase: due timers join the queue (no clock read without timers:
-        # stock reads it every iteration, for nothing then).
+        # stock reads it every iteration, for nothing then).  ``due``: one
+        # joined (timers join the queue only here).
+        due = False
         if scheduled:
             loop_now = self.time()
             end_time = _compat.end_time(loop_now, self._clock_resolution)
@@ -605,6 +607,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 handle = heapq.heappop(scheduled)
                 handle._scheduled = False
                 ready.append(handle)
+                due = True
                 if lag is not None:
                     lag.record(loop_now - handle._when)  # how late it runs
 
@@ -614,16 +617,22 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # place a handle runs: Handle._run inlined for handles of stock's
         # classes while their _run is stock's (_compat.STOCK_HANDLE_RUN),
         # each timed where debug mode or slow_callback asks (_run_timed).
+        # TimerHandle's _run is looked up only when a timer joined: a handle
+        # of a class not inlined runs through its own _run, stock's or not.
         ntodo = len(ready)
         ran = ntodo  # less the cancelled, below
         timed = self._debug or health.slow
         if timed or _Handle._run is not _STOCK_HANDLE_RUN:
             inline = _INLINE_NONE
+        elif due and _TimerHandle._run is _STOCK_HANDLE_RUN:
+            inline = _INLINE
         else:
-            inline = _INLINE if _TimerHandle._run is _STOCK_HANDLE_RUN else _INLINE_HANDLE
-        popleft = ready.popleft
+            inline = _INLINE_HANDLE
+        # ready.popleft() is called as a method: CPython specializes that
+        # call (3.11: a method descriptor without arguments), not a call of
+        # a bound builtin method kept in a local.
         for _ in range(ntodo):
-            handle = popleft()
+            handle = ready.popleft()
             if handle._cancelled:
                 ran -= 1
                 continue

@@ -580,18 +580,21 @@ class DeferredSelector(selectors.BaseSelector):
         if self._epoll is None:
             return self.ready(timeout)
         events = self._wait(timeout)
-        if events is None:
-            return []
+        if not events and (events is None or not self._always_ready):
+            return []  # interrupted, or nothing to deliver (nothing to count)
         datas = self._data
         states = self._state
-        append = readers.append
         epollin = EPOLLIN
         rest: list[tuple[int, Any, int]] = []
         delivered = len(events)
         for fd, kmask in events:
             if kmask == epollin and fd not in states:
                 try:
-                    append(datas[fd][0])
+                    # A method call, which CPython specializes (3.11: a
+                    # method descriptor with one argument), where a bound
+                    # method kept in a local costs an attribute load that
+                    # it does not specialize.
+                    readers.append(datas[fd][0])
                     continue
                 except KeyError:  # not registered: a stray
                     pass

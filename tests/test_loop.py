@@ -118,6 +118,41 @@ def test_a_replaced_handle_run_sees_io_callbacks(
     assert on_read in seen
 
 
+def test_a_replaced_timer_handle_run_sees_due_timers(
+    loop: asyncio.AbstractEventLoop, loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A _run replaced on TimerHandle alone (Handle's stays stock's) runs
+    each due timer's callback, in an iteration with I/O callbacks too (ours
+    inlines TimerHandle._run only while it is stock's)."""
+    if loop_name == "uvloop":
+        pytest.skip("uvloop's handles are its own")
+    seen: list[Any] = []
+    stock_run = asyncio.TimerHandle._run
+
+    def run_and_record(self: Any) -> None:
+        seen.append(self._callback)
+        stock_run(self)
+
+    ran: list[str] = []
+
+    def on_timer() -> None:
+        ran.append("timer")
+
+    async def main() -> None:
+        loop.call_later(0, on_timer)
+        loop.call_soon(ran.append, "soon")
+        await asyncio.sleep(0.01)
+
+    run(loop, main())  # warm: stock's TimerHandle._run inlined
+    assert ran == ["soon", "timer"]
+    monkeypatch.setattr(asyncio.TimerHandle, "_run", run_and_record)
+    ran.clear()
+    run(loop, main())
+    assert ran == ["soon", "timer"]
+    assert on_timer in seen
+    assert ran.append not in seen  # a call_soon handle is no TimerHandle
+
+
 LOOP_CLASSES = {"asyncio": asyncio.SelectorEventLoop, "relaxed": asyncio_relaxed.Loop}
 
 
