@@ -171,6 +171,23 @@ def test_the_new_workloads_are_not_in_the_default_set() -> None:
         "split-writes", "openloop-1k", "uvicorn-plaintext"}
 
 
+def test_a_window_whose_median_request_outlasts_it_is_a_failed_run() -> None:
+    """A loop that stalls each request (rsloop 0.1.66's TLS on 3.15: every
+    connection waits 30 s) completes a few per window; their CPU per
+    request is no figure of the workload, so the run fails, saying why."""
+    w = WORKLOADS["tls-churn"]
+    marks = {"cpu": 1.0}, {"cpu": 1.1}
+    served = {"requests": 1500, "elapsed": 1.0, "p50_us": 6_000.0, "p99_us": 11_000.0}
+    sample = runner._figures(w, "uvloop", 1.0, served, *marks, "builtin")
+    assert sample["rate"] == 1500 and sample["p50_us"] == 6_000.0
+    stalled = {"requests": 10, "elapsed": 30.1, "p50_us": 30_052_615.0, "p99_us": 3.0e7}
+    with pytest.raises(RuntimeError, match=r"tls-churn on rsloop: the median request took "
+                                           r"30\.1 s, longer than the 1 s window"):
+        runner._figures(w, "rsloop", 1.0, stalled, *marks, "builtin")
+    # A longer window holds a slower median.
+    assert runner._figures(w, "rsloop", 60.0, stalled, *marks, "builtin")["rate"] > 0
+
+
 def test_unknown_loop_and_workload_fail_clearly(capsys: pytest.CaptureFixture[str]) -> None:
     for command in ("run", "fairness", "instructions"):
         with pytest.raises(SystemExit):

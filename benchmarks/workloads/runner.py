@@ -242,16 +242,17 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
         checkout.check_package(loop, listening.get("relaxed"), ROOT)
         if w.client == "open":
             assert client is not None
-            sample = _open_loop(w, loop, server, client, port)
+            sample = _open_loop(w, loop, server, client, port, duration)
         else:
             trace = strace(server.proc.pid, traced) if syscalls else None
-            sample = _figures(w, loop, *_window(w, server, client, port, w.path, warmup,
-                                                duration, client_cpu, trace))
+            sample = _figures(w, loop, duration, *_window(w, server, client, port, w.path,
+                                                          warmup, duration, client_cpu, trace))
             first = w.path.strip("/")
             for path in w.paths:
                 name = path.strip("/")
-                more = _figures(w, loop, *_window(w, server, builtin(path), port, path,
-                                                  warmup, duration, client_cpu, None))
+                more = _figures(w, loop, duration, *_window(w, server, builtin(path), port,
+                                                            path, warmup, duration, client_cpu,
+                                                            None))
                 sample.update({f"{key}_{name}": value for key, value in more.items()
                                if key not in ("client", "units")})
                 sample[f"rate_{name}_vs_{first}"] = more["rate"] / sample["rate"]
@@ -297,13 +298,21 @@ def _window(w: Workload, server: Process, client: Process | None, port: int, pat
     return result, before, after, client_name
 
 
-def _figures(w: Workload, loop: str, result: dict[str, Any], before: dict[str, Any],
-             after: dict[str, Any], client_name: str) -> dict[str, Any]:
+def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
+             before: dict[str, Any], after: dict[str, Any], client_name: str) -> dict[str, Any]:
     """A window's figures from the client's result and the server's marks
-    (``units``: what the per-unit figures divide by)."""
+    (``units``: what the per-unit figures divide by); a window of *duration*
+    seconds whose median request took longer is a failed run."""
     units = float(result["requests"])
     if not units > 0:
         raise RuntimeError(f"{w.name} on {loop}: the client completed nothing")
+    p50 = result.get("p50_us")
+    if p50 is not None and p50 > duration * 1e6:
+        # A loop that stalls each request (a peer whose TLS waits for a
+        # timeout) completes a few in the window: their CPU per request
+        # is no figure of the workload.
+        raise RuntimeError(f"{w.name} on {loop}: the median request took {p50 / 1e6:,.1f} s, "
+                           f"longer than the {duration:g} s window: the load was not served")
     sample: dict[str, Any] = {"client": client_name, "units": units}
     if w.client == "idle":
         sample["bytes_per_unit"] = (after["rss"] - before["rss"]) / units
@@ -328,7 +337,7 @@ def _figures(w: Workload, loop: str, result: dict[str, Any], before: dict[str, A
 
 
 def _open_loop(w: Workload, loop: str, server: Process, client: Process,
-               port: int) -> dict[str, Any]:
+               port: int, duration: float) -> dict[str, Any]:
     """The open-loop windows (benchmarks.openloop) on one server and one
     client process: the capacity (closed loop), then each load of
     ``w.loads`` per cent of it at a constant rate; the figures of load L
@@ -342,7 +351,7 @@ def _open_loop(w: Workload, loop: str, server: Process, client: Process,
         before = _mark(server)
         client.say("go")
         result = client.read()
-        return _figures(w, loop, result, before, _mark(server), sample["client"])
+        return _figures(w, loop, duration, result, before, _mark(server), sample["client"])
 
     sample.update(window("closed"))
     for load in w.loads:
