@@ -6,9 +6,10 @@ A workload runs on its ``loops`` when it is named (``--workloads``,
 against every peer, and a second preset only where it is the point of the
 workload (``write=deferred`` under small writes, ``accept=balanced`` under
 fairness).  That set is sized to finish within 6 minutes on a 2-core
-machine with every peer: at 3 repeats of 0.25 s warm-up + 1 s each and one
-strace run of at most 0.5 s where system calls are counted, a loop costs
-about 4.5 s per workload (docs/benchmarks.md has the timings of runs).
+machine with every peer (a peer whose runs time out adds its timeouts): at
+3 repeats of 0.25 s warm-up + 1 s each and one strace run of at most 0.5 s
+where system calls are counted, a loop costs about 4.5 s per workload
+(docs/benchmarks.md has the timings of runs).
 Where each workload comes from (docs/benchmarks.md): vmbench's echo
 servers, HAProxy's 0 B / 4 KiB HTTP test, node's tcp-raw-pipe, libuv's
 accept fairness, TechEmpower's plaintext test (uvicorn), wrk2's
