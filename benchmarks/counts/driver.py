@@ -233,11 +233,11 @@ def child(loop_name: str, size: int | str, rounds: int,
         echo = Echo(round_done)
         echo.connection_made(await loop.start_tls(transport, echo, context, server_side=True))
 
-    handlers: list[asyncio.Task[None]] = []  # the streams' handler tasks
+    handlers: list[Any] = []  # the streams' handler tasks
 
     async def echo_streams(reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter) -> None:
-        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        handlers.append(asyncio.current_task())
         while data := await reader.read(65536):
             writer.write(data)
             round_done(len(data))
