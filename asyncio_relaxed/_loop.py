@@ -25,6 +25,7 @@ import selectors
 import socket
 import ssl
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from . import _compat, _slow, _startup
@@ -490,7 +491,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         health.waited(waited)
         return rest
 
-    def _process_rest(self, event_list: list[tuple[int, Any, int]]) -> None:
+    def _process_rest(self, event_list: Sequence[tuple[int, Any, int]]) -> None:
         """Stock's _process_events for the poller's (fd, data, mask) triples."""
         ready = self._ready
         for fd, (reader, writer), mask in event_list:
@@ -637,11 +638,18 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 ran -= 1
                 continue
             if type(handle) in inline:
+                # Handle._run's context.run(callback, *args), called without
+                # the list and tuple that unpacking *args builds where args
+                # holds none (a reader, a task's step) or one (a done
+                # callback, a task's wake-up: the future).
                 try:
-                    if handle._args:
-                        handle._context.run(handle._callback, *handle._args)
-                    else:  # a reader or a task's step: no *args (and no tuple made)
+                    args = handle._args
+                    if not args:
                         handle._context.run(handle._callback)
+                    elif len(args) == 1:
+                        handle._context.run(handle._callback, args[0])
+                    else:
+                        handle._context.run(handle._callback, *args)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:

@@ -434,6 +434,31 @@ def test_handle_runs_in_its_context(loop: asyncio.AbstractEventLoop) -> None:
     assert seen == ["set", "set"]
 
 
+def test_a_handle_runs_with_its_args_whatever_their_number(
+    loop: asyncio.AbstractEventLoop, loop_name: str
+) -> None:
+    """None, one (a done callback's future) and several arguments reach the
+    callback as call_soon was given them, and so do those of a handle whose
+    args are a list (stock unpacks any iterable)."""
+    seen: list[tuple[Any, ...]] = []
+
+    def record(*args: Any) -> None:
+        seen.append(args)
+
+    loop.call_soon(record)
+    loop.call_soon(record, "one")
+    loop.call_soon(record, ("a tuple",))
+    loop.call_soon(record, "one", "two")
+    loop.call_soon(record, "one", "two", "three")
+    expected = [(), ("one",), (("a tuple",),), ("one", "two"), ("one", "two", "three")]
+    if loop_name != "uvloop":  # uvloop's ready queue is its own
+        listed = asyncio.Handle(record, ["from", "a list"], loop, None)  # type: ignore[arg-type]
+        loop._ready.append(listed)  # type: ignore[attr-defined]
+        expected.append(("from", "a list"))
+    loop.run_until_complete(asyncio.sleep(0))
+    assert seen == expected
+
+
 def _count_handle_inits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """From now on each Handle.__init__ call appends to the list returned."""
     calls: list[int] = []
