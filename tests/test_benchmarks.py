@@ -186,6 +186,11 @@ def test_a_window_whose_median_request_outlasts_it_is_a_failed_run() -> None:
         runner._figures(w, "rsloop", 1.0, stalled, *marks, "builtin")
     # A longer window holds a slower median.
     assert runner._figures(w, "rsloop", 60.0, stalled, *marks, "builtin")["rate"] > 0
+    # A short window (a smoke test's) holds a median under a second.
+    slow = {"requests": 40, "elapsed": 0.2, "p50_us": 300_000.0, "p99_us": 400_000.0}
+    assert runner._figures(w, "asyncio", 0.2, slow, *marks, "builtin")["rate"] > 0
+    with pytest.raises(RuntimeError, match=r"took 1\.5 s, longer than the 0\.2 s window"):
+        runner._figures(w, "asyncio", 0.2, {**slow, "p50_us": 1_500_000.0}, *marks, "builtin")
 
 
 def test_unknown_loop_and_workload_fail_clearly(capsys: pytest.CaptureFixture[str]) -> None:
