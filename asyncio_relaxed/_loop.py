@@ -25,7 +25,6 @@ import selectors
 import socket
 import ssl
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from . import _compat, _slow, _startup
@@ -491,7 +490,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         health.waited(waited)
         return rest
 
-    def _process_rest(self, event_list: Sequence[tuple[int, Any, int]]) -> None:
+    def _process_rest(self, event_list: list[tuple[int, Any, int]]) -> None:
         """Stock's _process_events for the poller's (fd, data, mask) triples."""
         ready = self._ready
         for fd, (reader, writer), mask in event_list:

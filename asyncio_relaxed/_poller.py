@@ -95,7 +95,7 @@ import errno
 import math
 import selectors
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._backends import (
@@ -563,7 +563,7 @@ class DeferredSelector(selectors.BaseSelector):
         return ready
 
     def ready_readers(self, timeout: float | None,
-                      readers: Any) -> Sequence[tuple[int, Any, int]]:
+                      readers: Any) -> list[tuple[int, Any, int]]:
         """ready() for the selector loop, whose data is a (reader, writer)
         pair: each event that is input alone on an fd in the COMMON state
         appends its reader (``data[0]``) to *readers*, in the kernel's
@@ -581,11 +581,11 @@ class DeferredSelector(selectors.BaseSelector):
             return self.ready(timeout)
         events = self._wait(timeout)
         if not events and (events is None or not self._always_ready):
-            return ()  # interrupted, or nothing to deliver (nothing to count)
+            return []  # interrupted, or nothing to deliver (nothing to count)
         datas = self._data
         states = self._state
         epollin = EPOLLIN
-        rest: list[tuple[int, Any, int]] | None = None  # made for the first other event
+        rest: list[tuple[int, Any, int]] = []
         delivered = len(events)
         for fd, kmask in events:
             if kmask == epollin and fd not in states:
@@ -598,18 +598,14 @@ class DeferredSelector(selectors.BaseSelector):
                     continue
                 except KeyError:  # not registered: a stray
                     pass
-            if rest is None:
-                rest = []
             if not self._cut(fd, kernel_to_mask(kmask), rest.append):
                 delivered -= 1
         if self._always_ready:
-            if rest is None:
-                rest = []
             for fd in self._always_ready:
                 rest.append((fd, datas[fd], states.get(fd, COMMON) & WANTED))
             delivered += len(self._always_ready)
         self.stats.events += delivered
-        return rest or ()
+        return rest
 
     def _wait(self, timeout: float | None) -> list[tuple[int, int]] | None:
         """Apply pending changes, then the kernel's (fd, mask) pairs: epoll
