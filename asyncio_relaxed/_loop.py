@@ -642,13 +642,13 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                 # holds none (a reader, a task's step) or one (a done
                 # callback, a task's wake-up: the future).
                 try:
-                    args = handle._args
-                    if not args:
-                        handle._context.run(handle._callback)
-                    elif len(args) == 1:
-                        handle._context.run(handle._callback, args[0])
+                    if args := handle._args:
+                        if len(args) == 1:
+                            handle._context.run(handle._callback, args[0])
+                        else:
+                            handle._context.run(handle._callback, *args)
                     else:
-                        handle._context.run(handle._callback, *args)
+                        handle._context.run(handle._callback)
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
