@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from . import _compat
 from ._accept import ListenerStatistics
+from ._builds import BUILD, CLoop, Loop, PyLoop
 from ._config import (
     AcceptStrategy,
     Config,
@@ -32,15 +33,16 @@ from ._config import (
     resolve,
 )
 from ._health import HealthSnapshot
-from ._loop import Loop
 from ._slow import SlowCallback
 from ._stats import COUNTERS, GAUGES, LoopGauges, LoopStatistics
 from ._version import __version__ as __version__
 
 __all__ = [
+    "BUILD",
     "COUNTERS",
     "GAUGES",
     "AcceptStrategy",
+    "CLoop",
     "Config",
     "DatagramMode",
     "EventLoopPolicy",
@@ -52,6 +54,7 @@ __all__ = [
     "PartialWrite",
     "PipeMode",
     "Poller",
+    "PyLoop",
     "SlowCallback",
     "TlsMode",
     "Transports",

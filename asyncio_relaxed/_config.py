@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "ENV_PREFIX",
+    "NO_EXTENSIONS_VAR",
     "AcceptStrategy",
     "Config",
     "DatagramMode",
@@ -32,6 +33,7 @@ __all__ = [
     "TlsMode",
     "Transports",
     "WriteMode",
+    "no_extensions",
     "resolve",
 ]
 
@@ -464,6 +466,26 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
 assert set(_PARSERS) == {f.name for f in dataclasses.fields(Config)}
 
 
+#: The variable that makes the package use its pure-Python build
+#: (:mod:`asyncio_relaxed._builds`), as aiohttp's and yarl's
+#: ``*_NO_EXTENSIONS``: read once, when the package is imported, and checked
+#: by :func:`resolve` as every setting is, so a bad value fails each loop's
+#: creation.
+NO_EXTENSIONS_VAR = ENV_PREFIX + "NO_EXTENSIONS"
+
+
+def no_extensions(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether :data:`NO_EXTENSIONS_VAR` asks for the pure-Python build
+    (empty or unset: no).  Raises ValueError for a value that is no
+    boolean, naming the variable and what is allowed."""
+    if environ is None:
+        environ = {} if sys.flags.ignore_environment else os.environ
+    raw = environ.get(NO_EXTENSIONS_VAR)
+    if raw is None or raw.strip() == "":
+        return False
+    return _parse_bool(NO_EXTENSIONS_VAR, raw)
+
+
 def resolve(
     options: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -483,6 +505,7 @@ def resolve(
         )
     if environ is None:
         environ = {} if sys.flags.ignore_environment else os.environ
+    no_extensions(environ)  # (read at import: asyncio_relaxed._builds)
     values: dict[str, Any] = {}
     for name, parse in _PARSERS.items():
         if name in options and options[name] is not None:

@@ -106,6 +106,12 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     environment variable.
     """
 
+    # The classes of what the loop makes: the compiled twin's loop
+    # (asyncio_relaxed._speedups) names its own.
+    _Counters: type[Counters] = Counters
+    _SocketTransport: type[SocketTransport] = SocketTransport
+    _TransportShared: type[TransportShared] = TransportShared
+
     # Read by BaseEventLoop.__del__: true until the base __init__ has run, so
     # a loop whose settings were rejected is not reported as unclosed.
     _closed = True
@@ -116,7 +122,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     def __init__(self, selector: selectors.BaseSelector | None = None, **options: Any) -> None:
         # Resolve the settings first: a bad value fails before any fd exists.
         config = resolve(options)
-        stats = Counters()
+        stats = self._Counters()
         if selector is None:
             poller = DeferredSelector(default_backend(config.poller.value), stats=stats)
         elif isinstance(selector, DeferredSelector):
@@ -130,7 +136,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # 30 reads every attribute slower (tests/test_loop.py checks it).
         # Everything the transports need of this loop beyond stock's API (the
         # settings, the counters, the write queue): one attribute.
-        self._shared = shared = TransportShared(config, stats, poller, contexts=_compat.PY315)
+        self._shared = shared = self._TransportShared(config, stats, poller,
+                                                          contexts=_compat.PY315)
         shared.on_error = self._flush_failed
         # The listening sockets this loop serves (_serving, _accept).
         self._serving = Serving(self, config, stats, shared)
@@ -337,8 +344,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     ) -> SocketTransport:
         if _compat.PY314:
             self._ensure_fd_no_transport(sock)
-        return SocketTransport(self, sock, protocol, waiter, extra, server,
-                               shared=self._shared, context=context)
+        return self._SocketTransport(self, sock, protocol, waiter, extra, server,
+                                     shared=self._shared, context=context)
 
     def _make_ssl_transport(
         self,
@@ -359,14 +366,14 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if self._shared.config.tls is TlsMode.OWN and _plain_socket(rawsock):
             layer = SSLTransport(self, protocol, sslcontext, waiter, server_side,
                                  server_hostname, **timeouts)
-            SocketTransport(self, rawsock, layer, extra=extra, server=server,
-                            shared=self._shared, context=context)
+            self._SocketTransport(self, rawsock, layer, extra=extra, server=server,
+                                  shared=self._shared, context=context)
             return layer
         ssl_protocol = _compat.SSLProtocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts
         )
-        SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
-                        shared=self._shared, context=context)
+        self._SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
+                              shared=self._shared, context=context)
         return ssl_protocol._app_transport
 
     def _make_datagram_transport(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _compat
+from ._builds import Loop
 from ._config import resolve
-from ._loop import Loop
 
 __all__ = ["EventLoopPolicy", "install"]
 

@@ -27,7 +27,6 @@ from ._shared import TransportShared
 from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, accepted_sockname, is_tcp, set_options
 from ._stats import Counters
 from ._tls import SSLTransport
-from ._transport import SocketTransport
 
 __all__ = ["Serving"]
 
@@ -204,15 +203,16 @@ class Serving:
                     ssl_handshake_timeout=listener.timeouts[0],
                     ssl_shutdown_timeout=listener.timeouts[1],
                 )
-                SocketTransport(loop, conn, transport, None, None, listener.server,
-                                self.shared, listener.inherits, context, addr,
-                                listener.sockname)
+                loop._SocketTransport(loop, conn, transport, None, None, listener.server,
+                                      self.shared, listener.inherits, context, addr,
+                                      listener.sockname)
             else:
                 # The peer's address as accept() gave it, without stock's
                 # extra dict: the transport keeps it in a slot.
-                transport = SocketTransport(loop, conn, protocol, None, None, listener.server,
-                                            self.shared, listener.inherits, context, addr,
-                                            listener.sockname)
+                transport = loop._SocketTransport(loop, conn, protocol, None, None,
+                                                  listener.server, self.shared,
+                                                  listener.inherits, context, addr,
+                                                  listener.sockname)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:

@@ -25,7 +25,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 def report(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
     cls = type(loop)
     result: dict[str, Any] = {"loop": f"{cls.__module__}.{cls.__qualname__}", "pid": os.getpid()}
-    if isinstance(loop, asyncio_relaxed.Loop):
+    if isinstance(loop, asyncio_relaxed.PyLoop):
         result["config"] = {
             f.name: (v.value if isinstance(v := getattr(loop.config, f.name), enum.Enum) else v)
             for f in dataclasses.fields(loop.config)

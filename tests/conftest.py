@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from benchmarks.harness.loops import SPECS, SUITE_LOOPS, factory, missing
+from benchmarks.harness.loops import SPECS, SUITE_LOOPS, factory, loop_class, missing
 
 #: Our loop's settings in the suite: write x partial_write, by loop name
 #: (the names are benchmarks/harness/loops.py's, the one loop table).
@@ -199,7 +199,7 @@ def tls_loop(tls_loop_name: str, loop_errors: LoopErrors) -> Iterator[asyncio.Ab
     """A loop of TLS_LOOP_NAMES, as the ``loop`` fixture makes its own."""
     base, _, tls = tls_loop_name.partition("-tls-")
     if tls:
-        loop: asyncio.AbstractEventLoop = asyncio_relaxed.Loop(**RELAXED_SETTINGS[base], tls=tls)
+        loop: asyncio.AbstractEventLoop = loop_class(base)(**RELAXED_SETTINGS[base], tls=tls)
     else:
         factory = LOOP_FACTORIES[base]
         assert factory is not None
@@ -211,14 +211,28 @@ def tls_loop(tls_loop_name: str, loop_errors: LoopErrors) -> Iterator[asyncio.Ab
 def relaxed_loop(
     request: pytest.FixtureRequest, loop_errors: LoopErrors
 ) -> Iterator[asyncio_relaxed.Loop]:
-    """Only our loop, in each setting: for tests that read statistics()."""
-    loop = asyncio_relaxed.Loop(**RELAXED_SETTINGS[request.param])
+    """Only our loop, in each setting and build: for tests that read
+    statistics()."""
+    why = missing(request.param)
+    if why:
+        pytest.skip(why)
+    loop = loop_class(request.param)(**RELAXED_SETTINGS[request.param])
     loop.set_exception_handler(loop_errors.handler)
     try:
         yield loop
     finally:
         loop.close()
     loop_errors.check()
+
+
+def compiled(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether *loop* is of the compiled build (asyncio_relaxed._speedups)."""
+    return asyncio_relaxed.CLoop is not None and isinstance(loop, asyncio_relaxed.CLoop)
+
+
+#: Why a test of the pure transport's read modes does not apply to a compiled loop.
+NO_READ_MODES = ("the compiled transport reads every event into the process's receive "
+                 "buffer (uvloop's read): it has no read modes")
 
 
 #: CPython frees an object when its last reference goes.  PyPy's collector

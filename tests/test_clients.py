@@ -323,7 +323,7 @@ def test_asyncpg_tls(loop: asyncio.AbstractEventLoop, postgres: dict[str, Any]) 
             # PostgreSQL negotiates TLS with loop.start_tls(): under tls=own
             # the loop's own TLS layer carries it, under tls=stock stock's.
             kind = type(conn._transport).__name__
-            if isinstance(loop, asyncio_relaxed.Loop):
+            if isinstance(loop, asyncio_relaxed.PyLoop):
                 tls = loop.config.tls.value
                 assert kind == ("SSLTransport" if tls == "own" else "_SSLProtocolTransport")
             # Records bigger than a read both ways, through the loop's start_tls.

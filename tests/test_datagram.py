@@ -95,7 +95,7 @@ def own_loop(request: pytest.FixtureRequest,
 
 
 def own(loop: asyncio.AbstractEventLoop) -> bool:
-    return (isinstance(loop, asyncio_relaxed.Loop)
+    return (isinstance(loop, asyncio_relaxed.PyLoop)
             and loop.config.datagram is asyncio_relaxed.DatagramMode.OWN)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -45,8 +46,9 @@ ALLOWED = {
     "_loop": {"_accept", "_compat", "_config", "_datagram", "_health", "_pipes", "_poller",
               "_publish", "_serving", "_shared", "_slow", "_startup", "_stats", "_tls",
               "_transport"},
-    "_policy": {"_compat", "_config", "_loop"},
-    "__init__": {"_accept", "_compat", "_config", "_health", "_loop", "_policy", "_slow",
+    "_builds": {"_config", "_loop", "_speedups"},
+    "_policy": {"_builds", "_compat", "_config"},
+    "__init__": {"_accept", "_builds", "_compat", "_config", "_health", "_policy", "_slow",
                  "_stats", "_version"},
     "pool": {"_publish"},
     "metrics": {"_health", "_publish", "_stats", "pool"},
@@ -86,6 +88,22 @@ def test_package_layering(module: str) -> None:
     assert internal <= ALLOWED[module], f"{module} imports {internal - ALLOWED[module]}"
     if module in BOTTOM:
         assert "asyncio" not in external, f"{module} must not import asyncio"
+
+
+#: The compiled twin (a .pyx, read with a pattern): the pure modules whose
+#: classes it subclasses or whose names it reads.
+SPEEDUPS_ALLOWED = {"_backends", "_compat", "_loop", "_poller", "_shared", "_stats",
+                    "_transport", "_writes"}
+
+
+def test_the_compiled_module_imports_what_it_accelerates() -> None:
+    source = "\n".join(path.read_text() for path in PACKAGE.glob("_speedups*.p*"))
+    found = set()
+    for names in re.findall(r"^from \. import (.+)$", source, re.M):
+        found.update(name.strip() for name in names.split(","))
+    found.update(re.findall(r"^from \.(\w+) import", source, re.M))
+    assert found, "no import of the package found in _speedups"
+    assert found <= SPEEDUPS_ALLOWED, found - SPEEDUPS_ALLOWED
 
 
 def test_every_module_is_listed() -> None:

@@ -77,8 +77,8 @@ def uvloop_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 def plain_kind(loop: asyncio.AbstractEventLoop) -> str:
     """The class of the loop's TCP transport."""
-    if isinstance(loop, asyncio_relaxed.Loop):
-        return "asyncio_relaxed._transport.SocketTransport"
+    if isinstance(loop, asyncio_relaxed.PyLoop):
+        return f"{loop._SocketTransport.__module__}.{loop._SocketTransport.__qualname__}"
     if uvloop_loop(loop):
         return "uvloop.loop.TCPTransport"
     return "asyncio.selector_events._SelectorSocketTransport"
@@ -86,7 +86,7 @@ def plain_kind(loop: asyncio.AbstractEventLoop) -> str:
 
 def tls_kind(loop: asyncio.AbstractEventLoop) -> str:
     """The class of the TLS transport the loop makes (``ssl=``, ``start_tls()``)."""
-    if isinstance(loop, asyncio_relaxed.Loop):
+    if isinstance(loop, asyncio_relaxed.PyLoop):
         own = loop.config.tls is asyncio_relaxed.TlsMode.OWN
         return "asyncio_relaxed._tls.SSLTransport" if own else STOCK_TLS
     if uvloop_loop(loop):

@@ -24,13 +24,13 @@ BLOB = random.Random(30).randbytes(1024 * 1024 + 17)
 
 
 def own_tls(loop: asyncio.AbstractEventLoop) -> bool:
-    return (isinstance(loop, asyncio_relaxed.Loop)
+    return (isinstance(loop, asyncio_relaxed.PyLoop)
             and loop.config.tls is asyncio_relaxed.TlsMode.OWN)
 
 
 def kind(loop: asyncio.AbstractEventLoop) -> str | None:
     """The class name start_tls() returns on *loop*, where we know it."""
-    if not isinstance(loop, asyncio_relaxed.Loop):
+    if not isinstance(loop, asyncio_relaxed.PyLoop):
         return None
     return "SSLTransport" if own_tls(loop) else "_SSLProtocolTransport"
 

@@ -40,7 +40,7 @@ def fds() -> int:
 
 
 def is_ours(loop: asyncio.AbstractEventLoop) -> bool:
-    return isinstance(loop, asyncio_relaxed.Loop)
+    return isinstance(loop, asyncio_relaxed.PyLoop)
 
 
 def own_tls(loop: asyncio.AbstractEventLoop) -> bool:

@@ -57,6 +57,10 @@ class LoopSpec:
     serves: tuple[str, ...] = ()
     #: aiofastnet only: the loop under the patch, "asyncio" or "uvloop".
     base: str = ""
+    #: relaxed only: "pure" runs asyncio_relaxed.PyLoop, the pure-Python
+    #: build, where the others run asyncio_relaxed.Loop, the build the
+    #: package chose (the compiled one where it imports).
+    build: str = ""
 
 
 #: The kinds that are an installable package with ``new_event_loop()``.
@@ -86,6 +90,11 @@ SPECS: dict[str, LoopSpec] = {
                  "one coalesced sendmsg per iteration"),
         LoopSpec("relaxed-feed", "relaxed", {"write": "deferred", "partial_write": "feed"},
                  "deferred, retry a short write next iteration"),
+        LoopSpec("relaxed-eager-pure", "relaxed", {"write": "eager", "partial_write": "poll"},
+                 "relaxed-eager on the pure-Python build", build="pure"),
+        LoopSpec("relaxed-deferred-pure", "relaxed",
+                 {"write": "deferred", "partial_write": "poll"},
+                 "relaxed-deferred on the pure-Python build", build="pure"),
         LoopSpec("relaxed-batch", "relaxed", {"accept": "batch"}, "accept up to backlog per event"),
         LoopSpec("relaxed-single", "relaxed", {"accept": "single"}, "one accept per event"),
         LoopSpec("relaxed-relaxed", "relaxed", {"accept": "relaxed"},
@@ -163,9 +172,9 @@ IO_LOOPS = (*PEERS, "relaxed-eager", "relaxed-deferred")
 ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed-relaxed",
                 "relaxed-balanced")
 #: The tests' behaviour suite: stock, uvloop, and ours in each write x
-#: partial-write setting.
+#: partial-write setting, and in each write mode on the pure-Python build.
 SUITE_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-eager-feed", "relaxed-deferred",
-               "relaxed-feed")
+               "relaxed-feed", "relaxed-eager-pure", "relaxed-deferred-pure")
 #: The loops of the TLS workloads: the peers, our default settings, the
 #: ``tls`` presets where the setting exists, and the TLS floors.
 TLS_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
@@ -222,7 +231,18 @@ def missing(name: str) -> str | None:
             asyncio_relaxed.resolve(spec.settings, environ={})
         except (TypeError, ValueError) as exc:
             return f"this asyncio_relaxed does not support {dict(spec.settings)}: {exc}"
+        if spec.build == "pure" and getattr(asyncio_relaxed, "BUILD", "pure") == "pure":
+            return (f"{name}: the pure-Python build is this asyncio_relaxed's only one here "
+                    f"(the {name.removesuffix('-pure')} preset runs it)")
     return None
+
+
+def loop_class(name: str) -> type[asyncio.AbstractEventLoop]:
+    """The asyncio_relaxed class of relaxed loop *name*: the pure-Python
+    build's for a ``build="pure"`` preset, else the package's choice."""
+    if SPECS[preset(name)].build == "pure":
+        return asyncio_relaxed.PyLoop  # type: ignore[no-any-return]
+    return asyncio_relaxed.Loop
 
 
 def _unimportable(module: str) -> str | None:
@@ -273,7 +293,8 @@ def factory(name: str, **settings: str | None) -> LoopFactory:
         base = factory(spec.base)
         return lambda: aiofastnet.patch_loop(base())
     options = {**spec.settings, **given}
-    return lambda: asyncio_relaxed.new_event_loop(**options)
+    cls = loop_class(name)
+    return lambda: cls(**options)
 
 
 def client_loop() -> tuple[str, LoopFactory]:

@@ -137,7 +137,7 @@ def child(args: argparse.Namespace) -> int:
 
         def setUp(self: Any) -> None:
             original_setup(self)
-            if not isinstance(self.loop, asyncio_relaxed.Loop):
+            if not isinstance(self.loop, asyncio_relaxed.PyLoop):
                 not_ours.append(self.id())
 
         tb.AIOTestCase.setUp = setUp  # type: ignore[method-assign]
@@ -148,7 +148,7 @@ def child(args: argparse.Namespace) -> int:
         original_is_asyncio = tb.BaseTestCase.is_asyncio_loop
 
         def is_asyncio_loop(self: Any) -> bool:
-            return isinstance(self.loop, asyncio_relaxed.Loop) or original_is_asyncio(self)
+            return isinstance(self.loop, asyncio_relaxed.PyLoop) or original_is_asyncio(self)
 
         tb.BaseTestCase.is_asyncio_loop = is_asyncio_loop  # type: ignore[method-assign]
 

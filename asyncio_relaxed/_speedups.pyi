@@ -1,0 +1,16 @@
+"""The compiled twin's classes as the type checker sees them (see _speedups.pyx)."""
+
+from typing import Any
+
+from . import _loop, _shared, _stats, _transport
+
+# At run time a cdef class with the same attributes, not a subclass.
+class Counters(_stats.Counters): ...
+
+class SocketTransport(_transport.SocketTransport): ...
+
+class TransportShared(_shared.TransportShared): ...
+
+class Loop(_loop.Loop): ...
+
+def _plain_socket_now(sock: Any) -> bool: ...

@@ -1,0 +1,752 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled twin of the loop's hot path.
+
+Theory of operation
+===================
+
+The pure-Python modules are the loop; this module is an accelerator for the
+few methods every request runs, as CPython's ``_asyncio`` is for Task and
+Future beside ``tasks.py``.  It defines subclasses of the pure classes
+(:class:`Loop`, :class:`SocketTransport`, :class:`TransportShared`) that
+override those methods, and :class:`Counters` with C fields; everything else
+(the settings, the poller's bookkeeping, accept, TLS, datagrams, pipes,
+closing, errors) is inherited, so there is one implementation of it.
+``asyncio_relaxed._builds`` chooses which classes a loop is made of.
+
+What makes the compiled methods fast is not compiling Python (a Cython or
+mypyc build of the same classes costs more per request: every attribute is
+then a generic lookup, where CPython's bytecode specializes it), but three
+things bytecode cannot do:
+
+* the transports' and handles' state is read and written in their slots by
+  offset (``_speedups_capi.pxi``), a load from memory;
+* a transport's socket is read and written with ``recv``/``send``/``sendmsg``
+  on its descriptor, without the socket method's argument parsing and its
+  release of the GIL, and ``epoll_wait`` fills a C array instead of a list
+  of tuples;
+* the counters are C integers.
+
+Each compiled method keeps the reference's behaviour and takes the pure
+method (the base class's) whenever its fast path's condition does not
+hold: a socket that is not exactly ``socket.socket`` or whose class was
+patched, data that is not ``bytes``, a transport past write_eof(), a loop
+in debug mode, a patched ``Handle._run``, a selector that is not the
+loop's own poller.  The pure method then does what it always does.  The
+suite runs on both builds (``tests/conftest.py``), and so do the
+conformance runs.
+"""
+
+include "_speedups_capi.pxi"
+
+import heapq
+import socket as _socket_module
+from time import monotonic
+
+from . import _compat, _loop, _poller, _shared, _stats, _transport, _writes
+
+# The pure classes: the reference, and the bases of this module's classes.
+_PyLoop = _loop.Loop
+_PySocketTransport = _transport.SocketTransport
+_PyTransportShared = _shared.TransportShared
+
+cdef object Handle = _compat.Handle
+cdef object TimerHandle = _compat.TimerHandle
+cdef object STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
+cdef object STOCK_PROCESS_EVENTS = _compat.STOCK_PROCESS_EVENTS
+cdef object DeferredSelector = _poller.DeferredSelector
+cdef object POLLER_SELECT = DeferredSelector.select
+cdef object events_module = _compat.events
+cdef object futures_module = _compat.futures
+cdef object socket_type = _socket_module.socket
+cdef object heappop = heapq.heappop
+cdef object heapify = heapq.heapify
+cdef object end_time = _compat.end_time
+cdef object call_soon_pure = _compat.call_soon
+cdef double MAXIMUM_SELECT_TIMEOUT = _compat.MAXIMUM_SELECT_TIMEOUT
+cdef Py_ssize_t MIN_SCHEDULED_TIMER_HANDLES = _compat.MIN_SCHEDULED_TIMER_HANDLES
+cdef double MIN_CANCELLED_TIMER_HANDLES_FRACTION = _compat.MIN_CANCELLED_TIMER_HANDLES_FRACTION
+cdef long QUEUED = _writes.QUEUED
+cdef long IDLE = _writes.IDLE
+cdef bint CONTEXTS = _compat.PY315
+#: time_metrics: a loop that never waits ends a stretch every 32nd iteration (_loop).
+cdef long STRETCH_MASK = 31
+
+from ._backends import kernel_to_mask
+
+# Handle's slots (the same from 3.11 to 3.15: _compat checks them).
+cdef Py_ssize_t H_CALLBACK = slot(Handle, "_callback")
+cdef Py_ssize_t H_ARGS = slot(Handle, "_args")
+cdef Py_ssize_t H_CANCELLED = slot(Handle, "_cancelled")
+cdef Py_ssize_t H_CONTEXT = slot(Handle, "_context")
+cdef Py_ssize_t H_LOOP = slot(Handle, "_loop")
+cdef Py_ssize_t H_REPR = slot(Handle, "_repr")
+cdef Py_ssize_t H_SOURCE_TRACEBACK = slot(Handle, "_source_traceback")
+# The socket transport's.
+cdef Py_ssize_t T_BUFFER = slot(_PySocketTransport, "_buffer")
+cdef Py_ssize_t T_BUFFER_SIZE = slot(_PySocketTransport, "_buffer_size")
+cdef Py_ssize_t T_CLOSING = slot(_PySocketTransport, "_closing")
+cdef Py_ssize_t T_CONN_LOST = slot(_PySocketTransport, "_conn_lost")
+cdef Py_ssize_t T_FEEDS = slot(_PySocketTransport, "_feeds")
+cdef Py_ssize_t T_HIGH_WATER = slot(_PySocketTransport, "_high_water")
+cdef Py_ssize_t T_PROTOCOL = slot(_PySocketTransport, "_protocol")
+cdef Py_ssize_t T_PROTOCOL_PAUSED = slot(_PySocketTransport, "_protocol_paused")
+cdef Py_ssize_t T_SENDING = slot(_PySocketTransport, "_sending")
+cdef Py_ssize_t T_SHARED = slot(_PySocketTransport, "_shared")
+cdef Py_ssize_t T_SOCK = slot(_PySocketTransport, "_sock")
+cdef Py_ssize_t T_WRITE_GUARD = slot(_PySocketTransport, "_write_guard")
+cdef Py_ssize_t T_WRITE_STATE = slot(_PySocketTransport, "_write_state")
+# The shared state's (the write queue's, settings, counters).
+cdef Py_ssize_t S_DEFERRED = slot(_PyTransportShared, "deferred")
+cdef Py_ssize_t S_FEEDING = slot(_PyTransportShared, "feeding")
+cdef Py_ssize_t S_PENDING = slot(_PyTransportShared, "pending")
+cdef Py_ssize_t S_READ_SIZE = slot(_PyTransportShared, "read_size")
+cdef Py_ssize_t S_STATS = slot(_PyTransportShared, "stats")
+
+
+def _check_socket_layout():
+    """AR_SOCK_FD reads the descriptor where this Python's socket object
+    keeps it (the module refuses to load otherwise)."""
+    a, b = _socket_module.socketpair()
+    try:
+        if AR_SOCK_FD(a) != a.fileno() or AR_SOCK_FD(b) != b.fileno():
+            raise ImportError("asyncio_relaxed._speedups: socket.socket's C layout is not "
+                              "the one this module was written for")
+    finally:
+        a.close()
+        b.close()
+
+
+_check_socket_layout()
+
+# socket.socket's recv, send and sendmsg are the C socket's own, and the
+# compiled transport calls them as system calls on the descriptor while the
+# class still has them: its version tag (which CPython changes whenever the
+# class or a base is modified) is the one it had when they were last found
+# unchanged.  A patch of socket.socket.send, say, changes the tag, and the
+# transport then calls the methods as the pure one does until the patch is
+# undone.
+import _socket
+cdef object C_RECV = _socket.socket.recv
+cdef object C_SEND = _socket.socket.send
+cdef object C_SENDMSG = getattr(_socket.socket, "sendmsg", None)
+cdef unsigned int socket_tag = 0
+
+
+cdef bint socket_unchanged():
+    """Whether socket.socket has the C socket's recv, send and sendmsg (the
+    lookups give the class a version tag, then kept)."""
+    global socket_tag
+    if (socket_type.recv is C_RECV and socket_type.send is C_SEND
+            and getattr(socket_type, "sendmsg", None) is C_SENDMSG):
+        socket_tag = AR_TYPE_TAG(socket_type)
+        return True
+    return False
+
+
+cdef inline bint plain_socket(object sock):
+    """A socket the transport may read and write by system call."""
+    if type(sock) is not socket_type:
+        return False
+    if socket_tag and AR_TYPE_TAG(socket_type) == socket_tag:
+        return True
+    return socket_unchanged()
+
+
+def _plain_socket_now(sock):
+    """plain_socket(), for the tests."""
+    return plain_socket(sock)
+
+
+# -- counters ---------------------------------------------------------------
+
+cdef class Counters:
+    """:class:`asyncio_relaxed._stats.Counters` with C integers: the same
+    names (tests/test_speedups.py holds the two to one list), the same
+    snapshot.  An increment from compiled code is one add; Python code
+    reads and writes them as attributes."""
+
+    cdef public long long iterations, events, callbacks, poll_waits
+    cdef public long long epoll_ctl_add, epoll_ctl_mod, epoll_ctl_del
+    cdef public long long recv, recv_eagain, send, sendmsg, send_eagain
+    cdef public long long accept, accept_eagain
+    cdef public long long writes, writes_deferred, writes_coalesced, partial_writes, write_feeds
+    cdef public long long always_ready_fds
+    cdef public long long datagram_read_events, datagram_recv, datagram_recv_eagain
+    cdef public long long datagrams_received, datagram_bytes_received
+    cdef public long long datagram_send, datagram_send_eagain, datagrams_sent
+    cdef public long long datagram_bytes_sent, datagram_errors
+    cdef public long long pipe_read, pipe_read_eagain, pipe_bytes_read
+    cdef public long long pipe_write, pipe_write_eagain, pipe_bytes_written
+    cdef public long long sent_at_once, queued_at_once, datagram_sent_ok
+
+    def __init__(self):
+        pass  # (C fields start at zero)
+
+    def reset(self):
+        for name in COUNTER_NAMES:
+            setattr(self, name, 0)
+
+    def snapshot(self, backend):
+        return _stats.Counters.snapshot(self, backend)
+
+
+#: Every counter's name, _stats.Counters' slots.
+COUNTER_NAMES = _stats.Counters.__slots__
+
+
+# -- the socket transport -------------------------------------------------------
+
+class SocketTransport(_PySocketTransport):
+    """The socket transport with its read, write and send compiled."""
+
+    __slots__ = ()
+
+    def _read_ready__data_received(self):
+        """One read into the process's receive buffer (see
+        _speedups_capi.pxi), then data_received with an exact-size copy:
+        uvloop's read, where the pure transport chooses between recv() and
+        recv_into() by the traffic (_transport, "Reads"), a choice made for
+        what each costs in bytecode."""
+        cdef Counters stats
+        cdef Py_ssize_t n, size
+        cdef object sock, shared
+        if not isinstance(self, _PySocketTransport):  # (an unbound call's self)
+            return _PySocketTransport._read_ready__data_received(self)
+        if get(self, T_CONN_LOST):
+            return
+        sock = get(self, T_SOCK)
+        if not plain_socket(sock):
+            return _PySocketTransport._read_ready__data_received(self)
+        shared = get(self, T_SHARED)
+        stats = <Counters?>get(shared, S_STATS)
+        size = get(shared, S_READ_SIZE)
+        if size > read_buffer_size:
+            reserve_read_buffer(size)
+        stats.recv += 1
+        n = c_recv(AR_SOCK_FD(sock), read_buffer, size, 0)
+        if n < 0:
+            if would_block(errno):
+                stats.recv_eagain += 1
+                return
+            self._fatal_error(os_error(), "Fatal read error on socket transport")
+            return
+        if n == 0:
+            self._read_ready__on_eof()
+            return
+        data = PyBytes_FromStringAndSize(read_buffer, n)
+        try:
+            (get(self, T_PROTOCOL)).data_received(data)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
+
+    def _read_ready__get_buffer(self):
+        """A BufferedProtocol's read: recv() by system call into the buffer
+        get_buffer() gave; any failure or buffer that is not plain is the
+        pure method's (its errors, in stock's words)."""
+        cdef Counters stats
+        cdef Py_ssize_t n
+        cdef Py_buffer view
+        cdef object sock, protocol
+        if not isinstance(self, _PySocketTransport):
+            return _PySocketTransport._read_ready__get_buffer(self)
+        if get(self, T_CONN_LOST):
+            return
+        sock = get(self, T_SOCK)
+        if not plain_socket(sock):
+            return _PySocketTransport._read_ready__get_buffer(self)
+        protocol = get(self, T_PROTOCOL)
+        try:
+            buf = protocol.get_buffer(-1)
+            if not len(buf):
+                raise RuntimeError("get_buffer() returned an empty buffer")
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
+            return
+        stats = <Counters?>get(get(self, T_SHARED), S_STATS)
+        try:
+            PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+        except BaseException:
+            # Not a writable buffer: recv_into() says so, as stock's does.
+            return _buffered_read_failed(self, sock, buf, stats)
+        try:
+            stats.recv += 1
+            n = c_recv(AR_SOCK_FD(sock), view.buf, view.len, 0)
+        finally:
+            PyBuffer_Release(&view)
+        if n < 0:
+            if would_block(errno):
+                stats.recv_eagain += 1
+                return
+            self._fatal_error(os_error(), "Fatal read error on socket transport")
+            return
+        if n == 0:
+            self._read_ready__on_eof()
+            return
+        try:
+            protocol.buffer_updated(n)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
+
+    def is_closing(self):
+        if not isinstance(self, _PySocketTransport):
+            return _PySocketTransport.is_closing(self)
+        return get(self, T_CLOSING)
+
+    def write(self, data):
+        """write()'s common cases: bytes on a transport with nothing
+        buffered, sent at once (eager, or past the high-water mark) or
+        queued (deferred); everything else is the pure write()'s."""
+        cdef Counters stats
+        cdef Py_ssize_t size, n
+        cdef object shared, sock
+        if (type(data) is not bytes or not isinstance(self, _PySocketTransport) or get(self, T_WRITE_GUARD) is not False
+                or get(self, T_BUFFER) or get(self, T_SENDING) is not False):
+            return _PySocketTransport.write(self, data)
+        size = len(<bytes>data)
+        if not size:
+            return
+        shared = get(self, T_SHARED)
+        stats = <Counters?>get(shared, S_STATS)
+        if get(shared, S_DEFERRED) is not False and size <= get(self, T_HIGH_WATER):
+            # Deferred, under the high-water mark: buffered (bytes need no
+            # copy), the transport queued for the flush (WriteQueue.queue).
+            ar_set(self, T_BUFFER, [data])
+            ar_set(self, T_BUFFER_SIZE, size)
+            stats.queued_at_once += 1
+            ar_set(self, T_WRITE_STATE, QUEUED)
+            (<list?>get(shared, S_PENDING)).append(self)
+            return
+        sock = get(self, T_SOCK)
+        if not plain_socket(sock):
+            return _PySocketTransport.write(self, data)
+        stats.sent_at_once += 1
+        n = c_send(AR_SOCK_FD(sock), PyBytes_AS_STRING(data), size, 0)
+        if n == size:
+            return
+        if n < 0:
+            if not would_block(errno):
+                self._fatal_error(os_error(), "Fatal write error on socket transport")
+                return
+            stats.send_eagain += 1
+            n = 0
+        stats.partial_writes += 1
+        self._append(memoryview(data)[n:] if n else data)
+        shared.short(self)
+        self._maybe_pause_protocol()
+
+    def _write_now(self, vectored=False):
+        """The send primitive (the pure one's docstring): send() of one
+        buffer, sendmsg() of up to IOV_MAX, by system call on a plain
+        socket; the pure method for the rest of what follows a send that
+        did not take everything or had more to do."""
+        cdef Counters stats
+        cdef list buffer
+        cdef Py_ssize_t chunks, n, total, i
+        cdef object sock
+        cdef iovec iov[64]
+        cdef msghdr message
+        if not isinstance(self, _PySocketTransport):
+            return _PySocketTransport._write_now(self, vectored)
+        buffer_object = get(self, T_BUFFER)
+        if get(self, T_CONN_LOST) or not buffer_object:
+            return
+        sock = get(self, T_SOCK)
+        if type(buffer_object) is not list or not plain_socket(sock):
+            return _PySocketTransport._write_now(self, vectored)
+        buffer = <list>buffer_object
+        chunks = len(buffer)
+        if chunks > 64 or (chunks > 1 and not _HAS_SENDMSG):
+            return _PySocketTransport._write_now(self, vectored)
+        for i in range(chunks):
+            if type(buffer[i]) is not bytes:
+                return _PySocketTransport._write_now(self, vectored)
+        stats = <Counters?>get(get(self, T_SHARED), S_STATS)
+        if chunks == 1 and not vectored:
+            stats.send += 1
+            n = c_send(AR_SOCK_FD(sock), PyBytes_AS_STRING(buffer[0]), len(<bytes>buffer[0]), 0)
+        else:
+            stats.sendmsg += 1
+            if chunks > 1:
+                stats.writes_coalesced += chunks
+            for i in range(chunks):
+                iov[i].iov_base = PyBytes_AS_STRING(buffer[i])
+                iov[i].iov_len = len(<bytes>buffer[i])
+            message.msg_name = NULL
+            message.msg_namelen = 0
+            message.msg_iov = iov
+            message.msg_iovlen = chunks
+            message.msg_control = NULL
+            message.msg_controllen = 0
+            message.msg_flags = 0
+            n = c_sendmsg(AR_SOCK_FD(sock), &message, 0)
+        if n < 0:
+            if not would_block(errno):
+                self._write_failed(os_error())
+                return
+            stats.send_eagain += 1
+            n = 0
+        total = get(self, T_BUFFER_SIZE)
+        if n == total:
+            # All of it went out: the list goes too (the reference's reason).
+            ar_set(self, T_BUFFER, _NO_BUFFER)
+            ar_set(self, T_BUFFER_SIZE, 0)
+            if not (get(self, T_WRITE_STATE) or get(self, T_FEEDS)
+                    or get(self, T_PROTOCOL_PAUSED)
+                    or get(self, T_CLOSING)
+                    or get(self, T_WRITE_GUARD)):
+                return  # IDLE already, nothing to resume or end
+            short = False
+        else:
+            if n:
+                self._consume(n)
+            stats.partial_writes += 1
+            short = True
+        if get(self, T_PROTOCOL_PAUSED):
+            ar_set(self, T_SENDING, True)
+            try:
+                self._maybe_resume_protocol()  # May append to the buffer.
+            finally:
+                ar_set(self, T_SENDING, False)
+        if get(self, T_BUFFER):
+            if short:
+                (get(self, T_SHARED)).short(self)
+            elif not get(self, T_WRITE_STATE):
+                stats.writes_deferred += 1
+                (get(self, T_SHARED)).queue(self)
+        else:
+            self._write_done()
+
+
+cdef object _buffered_read_failed(object transport, object sock, object buf, Counters stats):
+    """The read of a buffer recv() cannot take by system call, by the
+    socket's recv_into(), whose error is stock's."""
+    stats.recv += 1
+    try:
+        sock.recv_into(buf)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        transport._fatal_error(exc, "Fatal read error on socket transport")
+        return
+    raise AssertionError(f"recv_into() took {buf!r}, which is no writable buffer")
+
+
+cdef object _NO_BUFFER = _transport._NO_BUFFER
+cdef bint _HAS_SENDMSG = _transport.HAS_SENDMSG
+
+
+# -- the write queue -------------------------------------------------------------
+
+class TransportShared(_PyTransportShared):
+    """The loop's write queue with its flush compiled."""
+
+    __slots__ = ()
+
+    def flush(self, include_feeds):
+        """WriteQueue.flush: the send of every queued transport, in the
+        order queued."""
+        if not isinstance(self, _PyTransportShared):
+            return _PyTransportShared.flush(self, include_feeds)
+        cdef list queue = <list?>get(self, S_PENDING)
+        cdef list feeding
+        ar_set(self, S_PENDING, [])
+        if include_feeds:
+            feeding = <list?>get(self, S_FEEDING)
+            if feeding:
+                queue = queue + feeding
+                ar_set(self, S_FEEDING, [])
+        contexts = CONTEXTS and self.contexts
+        for transport in queue:
+            # The queue holds every kind of transport that writes through
+            # it (pipes too): a socket transport's state is read in its slot.
+            if isinstance(transport, _PySocketTransport):
+                if get(transport, T_WRITE_STATE) != QUEUED:
+                    continue
+                ar_set(transport, T_WRITE_STATE, IDLE)
+            elif transport._write_state == QUEUED:
+                transport._write_state = IDLE
+            else:
+                continue
+            try:
+                context = transport._context if contexts else None
+                if context is None:
+                    transport._write_now()
+                else:
+                    context.run(transport._write_now)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                if self.on_error is None:
+                    raise
+                self.on_error(transport, exc)
+
+
+# -- the loop ------------------------------------------------------------------
+
+cdef epoll_event *events_buffer = NULL
+cdef int events_capacity = 0
+
+
+cdef object wait_readers(object selector, object timeout, Counters stats, object ready):
+    """DeferredSelector.ready_readers, compiled: the wait in epoll_wait
+    into a C array, then each event that is input alone on a COMMON fd
+    appends its reader to *ready*; the other events are returned as
+    (fd, data, mask) through the poller's own _cut (None: interrupted)."""
+    global events_buffer, events_capacity
+    cdef int ms, n, i, fd, maxevents, epfd, delivered
+    cdef unsigned int kmask
+    cdef double seconds
+    cdef dict datas = selector._data
+    cdef dict states = selector._state
+    if selector._table.dirty:
+        selector.flush()
+    if timeout is None:
+        ms = -1
+    else:
+        seconds = timeout
+        if seconds <= 0:
+            ms = 0
+        else:
+            # Millisecond resolution, rounded up (the pure _wait's reason).
+            seconds *= 1e3
+            ms = <int>seconds
+            if ms < seconds:
+                ms += 1
+    stats.poll_waits += 1
+    maxevents = len(datas) or 1
+    if maxevents > events_capacity:
+        memory = <epoll_event *>realloc(events_buffer, maxevents * sizeof(epoll_event))
+        if memory == NULL:
+            raise MemoryError()
+        events_buffer = memory
+        events_capacity = maxevents
+    epfd = selector._epoll.fileno()
+    if ms == 0:
+        n = epoll_wait(epfd, events_buffer, maxevents, 0)
+    else:
+        with nogil:
+            n = epoll_wait(epfd, events_buffer, maxevents, ms)
+    if n <= 0:
+        if n < 0:
+            if errno != EINTR:
+                raise os_error()
+            PyErr_CheckSignals()  # a handler that raises: its exception, as select's
+        return None
+    rest = []
+    delivered = n
+    for i in range(n):
+        fd = events_buffer[i].data.fd
+        kmask = events_buffer[i].events
+        if kmask == EPOLLIN and fd not in states:
+            data = datas.get(fd)
+            if type(data) is tuple:  # (a COMMON fd's data is its (reader, None))
+                ready.append((<tuple>data)[0])
+                continue
+        if not selector._cut(fd, kernel_to_mask(kmask), rest.append):
+            delivered -= 1
+    stats.events += delivered
+    return rest
+
+
+cdef inline bint own_route(object loop, object selector):
+    """The loop polls through its own poller, by epoll: the pure
+    _run_once's condition for ready_readers, and an epoll backend with no
+    always-ready fd (those take the pure ready_readers)."""
+    return (type(selector) is DeferredSelector and not selector.replaced
+            and type(loop)._process_events is STOCK_PROCESS_EVENTS
+            and selector._epoll is not None and not selector._always_ready)
+
+
+class Loop(_PyLoop):
+    """The loop with its iteration and call_soon compiled; the transports
+    and the counters it makes are this module's."""
+
+    _Counters = Counters
+    _SocketTransport = SocketTransport
+    _TransportShared = TransportShared
+
+    def call_soon(self, callback, *args, context=None):
+        """_compat.call_soon, compiled: a Handle made with its slots set."""
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        if self._debug or events_module.Handle is not Handle:
+            return call_soon_pure(self, callback, *args, context=context)
+        handle = AR_NEW(Handle)
+        ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
+        ar_set(handle, H_LOOP, self)
+        ar_set(handle, H_CALLBACK, callback)
+        ar_set(handle, H_ARGS, args)
+        ar_set(handle, H_CANCELLED, False)
+        ar_set(handle, H_REPR, None)
+        ar_set(handle, H_SOURCE_TRACEBACK, None)
+        self._ready.append(handle)
+        return handle
+
+    def create_future(self):
+        """BaseEventLoop.create_future without its frame: a Future of
+        asyncio.futures' (looked up per call, as stock's)."""
+        return futures_module.Future(loop=self)
+
+    def get_debug(self):
+        return self._debug
+
+    def time(self):
+        return monotonic()
+
+    def _run_once(self):
+        """Loop._run_once (the reference, and its comments), compiled."""
+        cdef Py_ssize_t ntodo, ran, i, sched_count
+        cdef bint due = False, timed, inline_timers
+        cdef double timeout_value
+        writes = self._shared
+        if not isinstance(writes, _PyTransportShared):
+            return _PyLoop._run_once(self)
+        cdef Counters stats = <Counters?>get(writes, S_STATS)
+        stats.iterations += 1
+        scheduled = self._scheduled
+        if scheduled:
+            sched_count = len(scheduled)
+            if (sched_count > MIN_SCHEDULED_TIMER_HANDLES
+                    and self._timer_cancelled_count / sched_count
+                    > MIN_CANCELLED_TIMER_HANDLES_FRACTION):
+                new_scheduled = []
+                for handle in scheduled:
+                    if handle._cancelled:
+                        handle._scheduled = False
+                    else:
+                        new_scheduled.append(handle)
+                heapify(new_scheduled)
+                self._scheduled = scheduled = new_scheduled
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    handle = heappop(scheduled)
+                    handle._scheduled = False
+
+        # Phase: writes made while the loop was not running.
+        if get(writes, S_PENDING):
+            writes.flush(False)
+
+        timeout = None
+        ready = self._ready
+        if (ready or self._stopping or get(writes, S_PENDING)
+                or get(writes, S_FEEDING)):
+            timeout = 0
+        elif scheduled:
+            timeout_value = scheduled[0]._when - self.time()
+            if timeout_value > MAXIMUM_SELECT_TIMEOUT:
+                timeout_value = MAXIMUM_SELECT_TIMEOUT
+            elif timeout_value < 0:
+                timeout_value = 0
+            timeout = timeout_value
+
+        # Phase: apply interest changes, then poll.
+        selector = self._selector
+        health = self._health
+        if type(selector).select is POLLER_SELECT and own_route(self, selector):
+            timed = health.timed
+            if timeout == 0 or not timed:
+                rest = wait_readers(selector, timeout, stats, ready)
+                if timed and not stats.iterations & STRETCH_MASK:
+                    now = health.stretch_end()
+                    if health.publisher is not None:
+                        health.publisher.due(now, 0)
+            else:
+                rest = wait_readers(selector, 0, stats, ready)
+                if not rest and not ready:
+                    waited = health.stretch_end()
+                    if health.publisher is not None:
+                        timeout = health.publisher.due(waited, timeout)
+                    rest = wait_readers(selector, timeout, stats, ready)
+                    health.waited(waited)
+            if rest:
+                self._process_rest(rest)
+        elif (type(selector).select is POLLER_SELECT and not selector.replaced
+                and type(self)._process_events is STOCK_PROCESS_EVENTS):
+            # Our poller on another backend, or with always-ready fds.
+            if timeout == 0 or not health.timed:
+                rest = selector.ready_readers(timeout, ready)
+            else:
+                rest = selector.ready_readers(0, ready)
+                if not rest and not ready:
+                    rest = self._timed_wait(timeout)
+            if rest:
+                self._process_rest(rest)
+        else:
+            self._poll_stock(timeout)
+
+        # Phase: due timers join the queue.
+        if scheduled:
+            loop_now = self.time()
+            end = end_time(loop_now, self._clock_resolution)
+            lag = health.lag if health.timed else None
+            while scheduled:
+                handle = scheduled[0]
+                if handle._when >= end:
+                    break
+                handle = heappop(scheduled)
+                handle._scheduled = False
+                ready.append(handle)
+                due = True
+                if lag is not None:
+                    lag.record(loop_now - handle._when)
+
+        # Phase: run the callbacks that are ready now (the reference's
+        # rules: Handle._run inlined for stock's Handle, and for
+        # TimerHandle when a timer joined, while their _run is stock's).
+        ntodo = len(ready)
+        ran = ntodo
+        timed = self._debug or health.slow
+        inline = not timed and Handle._run is STOCK_HANDLE_RUN
+        inline_timers = inline and due and TimerHandle._run is STOCK_HANDLE_RUN
+        for i in range(ntodo):
+            handle = ready.popleft()
+            # Anything may be in the queue (tests append their own objects):
+            # the slots are read only in a Handle's, by offset.
+            if isinstance(handle, Handle):
+                if get(handle, H_CANCELLED):
+                    ran -= 1
+                    continue
+            elif handle._cancelled:
+                ran -= 1
+                continue
+            if inline and (type(handle) is Handle or (inline_timers and type(handle) is TimerHandle)):
+                callback = get(handle, H_CALLBACK)
+                args = get(handle, H_ARGS)
+                context = get(handle, H_CONTEXT)
+                try:
+                    PyContext_Enter(context)
+                    try:
+                        if type(args) is not tuple:
+                            callback(*args)
+                        elif not args:
+                            callback()
+                        elif len(<tuple>args) == 1:
+                            callback((<tuple>args)[0])
+                        else:
+                            callback(*args)
+                    finally:
+                        PyContext_Exit(context)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._callback_failed(handle, exc)
+            elif timed:
+                self._run_timed(handle)
+            else:
+                handle._run()
+        handle = None  # Needed to break cycles when an exception occurs.
+        stats.callbacks += ran
+
+        # Phase: everything the callbacks wrote, and last iteration's feeds.
+        if get(writes, S_PENDING) or get(writes, S_FEEDING):
+            writes.flush(True)
+        if self._stopping and health.timed:
+            health.stopped()

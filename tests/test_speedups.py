@@ -1,0 +1,279 @@
+"""The compiled build (asyncio_relaxed._speedups) against its reference.
+
+Every behaviour test of the suite runs on both builds (the ``-pure`` loops
+of tests/conftest.py); this file holds what is the compiled build's own:
+what it overrides, its counters, the conditions under which it leaves its
+fast paths to the pure methods (a patched socket class, a socket subclass,
+data that is not bytes, objects in the ready queue that are not handles, a
+slot never set), and how a process chooses its build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import asyncio_relaxed
+from asyncio_relaxed import _builds, _stats
+from conftest import Echo, iterate, run
+
+speedups = pytest.importorskip(
+    "asyncio_relaxed._speedups",
+    reason=f"no compiled build here: {_builds.WHY or 'the module does not import'}")
+
+#: What the compiled build overrides, class by class: each name is a
+#: decision (the reference is the pure class's method of that name).
+OVERRIDES = {
+    "Loop": {"_Counters", "_SocketTransport", "_TransportShared", "call_soon", "create_future",
+             "get_debug", "time", "_run_once"},
+    "SocketTransport": {"_read_ready__data_received", "_read_ready__get_buffer", "write",
+                        "_write_now", "is_closing"},
+    "TransportShared": {"flush"},
+}
+
+
+def own_names(cls: type) -> set[str]:
+    return {name for name in vars(cls) if not name.startswith("__")}
+
+
+def test_the_compiled_classes_override_only_their_hot_path() -> None:
+    for name, names in OVERRIDES.items():
+        cls = getattr(speedups, name)
+        pure = cls.__mro__[1]
+        assert pure.__module__.startswith("asyncio_relaxed._"), pure
+        assert pure.__name__ == name
+        assert own_names(cls) == names, name
+        if "__slots__" in vars(pure):
+            # The pure class's layout: the offsets of its slots hold.
+            assert vars(cls)["__slots__"] == ()
+
+
+def test_the_package_chose_the_compiled_build() -> None:
+    assert asyncio_relaxed.BUILD == "compiled"
+    assert asyncio_relaxed.Loop is asyncio_relaxed.CLoop is speedups.Loop
+    assert issubclass(asyncio_relaxed.CLoop, asyncio_relaxed.PyLoop)
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        assert type(loop._shared.stats) is speedups.Counters
+        assert type(loop._shared) is speedups.TransportShared
+    finally:
+        loop.close()
+
+
+def test_counters_are_the_pure_counters_in_c() -> None:
+    compiled, pure = speedups.Counters(), _stats.Counters()
+    names = set(_stats.Counters.__slots__)
+    fields = {name for name in dir(compiled)
+              if not name.startswith("_") and isinstance(getattr(compiled, name), int)}
+    assert fields == names
+    for i, name in enumerate(sorted(names)):
+        setattr(compiled, name, i + 1)
+        setattr(pure, name, i + 1)
+    assert compiled.snapshot("epoll") == pure.snapshot("epoll")
+    compiled.reset()
+    assert compiled.snapshot("epoll") == _stats.Counters().snapshot("epoll")
+    compiled.recv += 2**40  # a long long, not a C int
+    assert compiled.recv == 2**40
+
+
+def _echo_pair(loop: asyncio.AbstractEventLoop) -> tuple[Any, socket.socket]:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+
+    async def attach() -> Any:
+        transport, _ = await loop.connect_accepted_socket(Echo, a)
+        return transport
+
+    return run(loop, attach()), b
+
+
+def _round_trip(loop: asyncio.AbstractEventLoop, peer: socket.socket, data: bytes) -> bytes:
+    peer.sendall(data)
+    got = b""
+    peer.setblocking(False)
+    while len(got) < len(data):
+        iterate(loop, 1)
+        try:
+            got += peer.recv(65536)
+        except BlockingIOError:
+            pass
+    peer.setblocking(True)
+    return got
+
+
+def test_a_patched_socket_class_is_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transport reads and writes by system call only while
+    socket.socket is unchanged: a patch of its send is called, as stock's
+    transport calls it, and once it is undone the system calls come back."""
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        transport, peer = _echo_pair(loop)
+        sends: list[bytes] = []
+        stock_send = socket.socket.send
+
+        def send(self: socket.socket, data: Any, *args: Any) -> int:
+            sends.append(bytes(data))
+            return stock_send(self, data, *args)
+
+        monkeypatch.setattr(socket.socket, "send", send)
+        assert _round_trip(loop, peer, b"patched") == b"patched"
+        assert sends == [b"patched"]
+        monkeypatch.undo()
+        assert _round_trip(loop, peer, b"restored") == b"restored"
+        assert sends == [b"patched"]
+        assert speedups._plain_socket_now(transport._sock)
+        transport.close()
+        iterate(loop, 2)
+        peer.close()
+    finally:
+        loop.close()
+
+
+class _CountingSocket(socket.socket):
+    """A socket subclass whose recv and send the transport must call."""
+
+    calls: list[str] = []
+
+    def recv(self, *args: Any) -> bytes:
+        self.calls.append("recv")
+        return super().recv(*args)
+
+    def send(self, *args: Any) -> int:
+        self.calls.append("send")
+        return super().send(*args)
+
+
+def test_a_socket_subclass_is_called() -> None:
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        a, b = socket.socketpair()
+        sub = _CountingSocket(a.family, a.type, fileno=a.detach())
+        sub.setblocking(False)
+
+        async def attach() -> Any:
+            transport, _ = await loop.connect_accepted_socket(Echo, sub)
+            return transport
+
+        transport = run(loop, attach())
+        assert _round_trip(loop, b, b"subclass") == b"subclass"
+        assert "recv" in _CountingSocket.calls and "send" in _CountingSocket.calls
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("kind", [bytearray, memoryview, bytes])
+@pytest.mark.parametrize("write", ["eager", "deferred"])
+def test_every_buffer_kind_is_written(kind: Any, write: str) -> None:
+    """bytes take the compiled write; the other kinds the pure one's copy."""
+    loop = asyncio_relaxed.new_event_loop(write=write)
+    try:
+        a, b = socket.socketpair()
+        a.setblocking(False)
+
+        async def attach() -> Any:
+            transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, a)
+            return transport
+
+        transport = run(loop, attach())
+        data = bytearray(b"0123456789")
+        transport.write(kind(data))
+        data[:] = b"x" * 10  # the caller may reuse its buffer once write() returns
+        iterate(loop, 1)
+        assert b.recv(100) == b"0123456789"
+        transport.close()
+        iterate(loop, 2)
+        b.close()
+    finally:
+        loop.close()
+
+
+def test_a_slot_never_set_raises_as_its_descriptor_does() -> None:
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        transport, peer = _echo_pair(loop)
+        del transport._write_guard
+        with pytest.raises(AttributeError, match="_write_guard"):
+            transport.write(b"x")
+        transport._write_guard = False
+        transport.close()
+        iterate(loop, 2)
+        peer.close()
+    finally:
+        loop.close()
+
+
+def test_unbound_calls_with_another_self_take_the_pure_method() -> None:
+    """A compiled method called with an object of another class reads no
+    slot by offset: the pure method runs, and fails as it would."""
+    with pytest.raises(AttributeError):
+        speedups.SocketTransport.write(object(), b"x")
+    with pytest.raises(AttributeError):
+        speedups.SocketTransport._write_now(object())
+    with pytest.raises(AttributeError):
+        speedups.TransportShared.flush(object(), True)
+
+
+def test_the_ready_queue_runs_whatever_it_holds() -> None:
+    """Handles, handle subclasses, cancelled ones and objects that only look
+    like handles (tests append their own): each runs or is skipped as stock
+    runs or skips it."""
+    loop = asyncio_relaxed.new_event_loop()
+    ran: list[str] = []
+
+    class Sub(asyncio.Handle):
+        pass
+
+    class Lookalike:
+        _cancelled = False
+
+        def _run(self) -> None:
+            ran.append("lookalike")
+
+        def cancelled(self) -> bool:
+            return False
+
+    try:
+        loop._ready.append(asyncio.Handle(ran.append, ("handle",), loop, None))
+        loop._ready.append(Sub(ran.append, ("subclass",), loop, None))
+        cancelled = asyncio.Handle(ran.append, ("cancelled",), loop, None)
+        cancelled.cancel()
+        loop._ready.append(cancelled)
+        loop._ready.append(Lookalike())
+        iterate(loop, 1)
+        assert ran == ["handle", "subclass", "lookalike"]
+    finally:
+        loop.close()
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {key: value for key, value in os.environ.items()
+               if not key.startswith("ASYNCIO_RELAXED_")}
+    return subprocess.run([sys.executable, "-c", code], env={**environ, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_no_extensions_chooses_the_pure_build() -> None:
+    out = _python("import asyncio_relaxed as a, asyncio_relaxed._builds as b; "
+                  "print(a.BUILD, a.Loop is a.PyLoop, a.CLoop is not None, b.WHY)",
+                  ASYNCIO_RELAXED_NO_EXTENSIONS="1")
+    assert out.stdout.split(None, 3) == [
+        "pure", "True", "True", "ASYNCIO_RELAXED_NO_EXTENSIONS is on\n"], out.stderr
+    out = _python("import asyncio_relaxed as a; print(a.BUILD)",
+                  ASYNCIO_RELAXED_NO_EXTENSIONS="off")
+    assert out.stdout == "compiled\n", out.stderr
+
+
+def test_a_bad_no_extensions_value_fails_each_loop() -> None:
+    out = _python("import asyncio_relaxed as a; a.new_event_loop()",
+                  ASYNCIO_RELAXED_NO_EXTENSIONS="maybe")
+    assert out.returncode != 0
+    assert "ASYNCIO_RELAXED_NO_EXTENSIONS='maybe' is not a valid setting; allowed:" in out.stderr
