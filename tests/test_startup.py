@@ -24,7 +24,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def _forget() -> None:
+def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's loops say their line and warnings again, and see (as do
+    the processes it starts) only the ASYNCIO_RELAXED_* variables it sets,
+    none of the caller's."""
+    for name in list(os.environ):
+        if name.startswith("ASYNCIO_RELAXED_"):
+            monkeypatch.delenv(name)
     _startup._announced.clear()
     _startup._warned.clear()
 
