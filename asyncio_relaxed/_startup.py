@@ -1,14 +1,30 @@
 """What a loop says when it is made: which loop, with which settings, and
 the ``ASYNCIO_RELAXED_*`` variables that name no setting.
 
-Both go to the ``asyncio_relaxed`` logger: the startup line at INFO, once per
-process for each distinct set of settings (a test suite that makes a loop
-per test says it once), and a warning once per unknown variable, naming the
-closest known one.  Where the application configured no handler that our
-logger reaches, a server's error log takes them instead, if one is set up
-(``gunicorn.error``, ``uvicorn.error``): so ``uvicorn --log-level info`` and
-gunicorn's log show the loop each worker runs, without either configuring a
-logger they do not know of.
+The startup line is said once per process for each distinct set of settings
+(a test suite that makes a loop per test says it once), at a level no
+stock-asyncio program would notice (issue #47: the stock loop says nothing
+at INFO when made or used; its "Using selector" line is DEBUG, and a test
+runner that fails on any record at INFO or above must pass on our loop as on
+stock's).  :func:`startup_destination` is the rule:
+
+* the application set the ``asyncio_relaxed`` logger's own level (not one it
+  inherits): INFO or lower asks to hear the line, so it is said at INFO,
+  through :func:`server_logger`; a higher one is said at DEBUG on ours;
+* else a server's error log (``gunicorn.error``, ``uvicorn.error``) that the
+  server configured (a handler on it or on an ancestor below the root) and
+  that takes INFO: the loop runs in that server's worker, and the
+  line is said at INFO there, where gunicorn says "Booting worker" and
+  uvicorn "Started server process", so ``uvicorn --log-level info`` and
+  gunicorn's log show the loop each worker runs without configuring a logger
+  they do not know of;
+* else at DEBUG on ours, as stock's "Using selector".
+
+An ``ASYNCIO_RELAXED_*`` variable that names no setting is bad input, which
+only this loop can report: a warning once per variable, naming the closest
+known one, through :func:`server_logger` (ours when the application's
+logging hears it, else a server's error log, else logging's last resort,
+stderr).
 
 This module knows nothing of asyncio.
 """
@@ -26,30 +42,60 @@ from typing import Any
 from ._config import ENV_PREFIX, Config
 from ._version import __version__
 
-__all__ = ["announce", "logger", "server_logger", "startup_line", "unknown_variables"]
+__all__ = ["announce", "logger", "server_logger", "startup_destination", "startup_line",
+           "unknown_variables"]
 
 logger = logging.getLogger("asyncio_relaxed")
 
-#: Loggers of the servers that run this loop in their workers, whose handlers
-#: the startup line and the warnings use when ours reach none.
+#: Loggers of the servers that run this loop in their workers: the startup
+#: line goes to the first that the server configured and that takes INFO, the
+#: warnings to the first that the server configured when ours reaches no
+#: handler.
 SERVER_LOGGERS = ("gunicorn.error", "uvicorn.error")
 
 _announced: set[tuple[int, Config, str]] = set()
 _warned: set[tuple[int, str]] = set()
 
 
+def _server_logs() -> list[logging.Logger]:
+    """The servers' error logs that the server configured, in SERVER_LOGGERS
+    order: with a handler on the logger or on an ancestor below the root.
+    Not the root's: any application's logging has those, and a server that
+    is merely imported (a test suite that imports uvicorn) configured none."""
+    found = []
+    for name in SERVER_LOGGERS:
+        if name not in logging.Logger.manager.loggerDict:  # never create one
+            continue
+        node: logging.Logger | None = logging.getLogger(name)
+        while node is not None and node is not logging.root:
+            if node.handlers:
+                found.append(logging.getLogger(name))
+                break
+            node = node.parent if node.propagate else None
+    return found
+
+
 def server_logger() -> logging.Logger:
     """Ours when a handler hears it (the application configured logging);
-    else the first server error log that has one; else ours (whose warnings
-    then reach logging's last resort, stderr)."""
+    else the first server error log the server configured; else ours (whose
+    warnings then reach logging's last resort, stderr)."""
     if logger.hasHandlers():
         return logger
-    for name in SERVER_LOGGERS:
-        if name in logging.Logger.manager.loggerDict:  # never create one
-            other = logging.getLogger(name)
-            if other.hasHandlers():
-                return other
-    return logger
+    servers = _server_logs()
+    return servers[0] if servers else logger
+
+
+def startup_destination() -> tuple[logging.Logger, int]:
+    """The logger and level of the startup line (the rule is the module's
+    docstring): INFO where the application asked for our logger at INFO or
+    where a server announces its workers, else DEBUG on ours."""
+    own = logger.level  # NOTSET (0) unless the application set it
+    if own:
+        return (server_logger(), logging.INFO) if own <= logging.INFO else (logger, logging.DEBUG)
+    for server in _server_logs():
+        if server.isEnabledFor(logging.INFO):
+            return server, logging.INFO
+    return logger, logging.DEBUG
 
 
 def token(value: Any) -> str:
@@ -100,6 +146,6 @@ def announce(config: Config, backend: str, environ: Mapping[str, str] | None = N
     key = (pid, config, backend)
     if key not in _announced:
         _announced.add(key)
-        target = server_logger()
-        if target.isEnabledFor(logging.INFO):
-            target.info("%s", startup_line(config, backend))
+        target, level = startup_destination()
+        if target.isEnabledFor(level):
+            target.log(level, "%s", startup_line(config, backend))

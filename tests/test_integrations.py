@@ -107,19 +107,46 @@ class Server:
 
     def wait_for(self, pattern: str, timeout: float = 20) -> re.Match[str]:
         """The first output line matching *pattern*, waiting at most *timeout* s."""
+        return self.wait_for_all(pattern, 1, timeout)[0]
+
+    def wait_for_all(self, pattern: str, count: int, timeout: float = 20) -> list[re.Match[str]]:
+        """The first *count* output lines matching *pattern*, waiting at most
+        *timeout* s for them."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                for line in self._lines:
-                    if match := regex.search(line):
-                        return match
+                found = [m for m in map(regex.search, self._lines) if m is not None]
+                if len(found) >= count:
+                    return found[:count]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._eof:
                     raise AssertionError(
-                        f"no output line matched {pattern!r} within {timeout} s\n{self.describe()}"
+                        f"{len(found)} of {count} output lines matched {pattern!r} within "
+                        f"{timeout} s\n{self.describe()}"
                     )
                 self._changed.wait(remaining)
+
+    def startup_lines(self, pids: Sequence[int]) -> dict[int, str]:
+        """Each process of *pids*: the settings its loop's startup line names
+        in the server's log at INFO, waited for."""
+        version = re.escape(asyncio_relaxed.__version__)
+        return {
+            pid: self.wait_for(
+                rf"\bINFO\b.* asyncio_relaxed {version} \(.*\) in process {pid}: (.*)$").group(1)
+            for pid in pids
+        }
+
+    def startup_pids(self) -> list[int]:
+        """The process of every startup line in the server's log so far."""
+        version = re.escape(asyncio_relaxed.__version__)
+        return sorted(int(pid) for pid in re.findall(
+            rf" asyncio_relaxed {version} \(.*\) in process (\d+): ", self.output))
+
+    def booted_workers(self, count: int) -> list[int]:
+        """The pids of gunicorn's first *count* workers, as its log names them."""
+        return [int(m.group(1))
+                for m in self.wait_for_all(r"Booting worker with pid: (\d+)", count)]
 
     def stop(self, sig: signal.Signals, timeout: float = 20) -> int:
         """Send *sig* to the server and return its exit status."""
@@ -274,7 +301,11 @@ def test_gunicorn_aiohttp_worker_serves_on_relaxed_loop(listener: socket.socket)
             for _ in range(4):
                 pid = sample_pid(metrics_of(request(port, "/metrics")))
                 assert parent_of(pid) == server.proc.pid, (pid, server.describe())
+        # Each worker says which loop it runs, once, in gunicorn's log.
+        workers = server.booted_workers(2)
+        assert server.startup_lines(workers) == dict.fromkeys(workers, "write=deferred")
         assert server.stop(signal.SIGTERM) == 0, server.describe()
+        assert server.startup_pids() == sorted(workers), server.describe()
 
 
 def test_gunicorn_uvicorn_worker_serves_on_relaxed_loop(listener: socket.socket) -> None:
@@ -303,10 +334,15 @@ def test_gunicorn_uvicorn_worker_serves_on_relaxed_loop(listener: socket.socket)
             assert report["pid"] != server.proc.pid
             assert report["config"]["write"] == "deferred"
             assert report["config"]["partial_write"] == "feed"
+        # Each worker says which loop it runs, once, in gunicorn's log.
+        workers = server.booted_workers(2)
+        assert server.startup_lines(workers) == dict.fromkeys(
+            workers, "write=deferred partial_write=feed")
         # uvicorn shuts down gracefully, then re-raises the signal it caught so
         # that its parent sees why it stopped (seen on 0.36 and 0.54).
         assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM), server.describe()
         assert "Application shutdown complete" in server.output, server.describe()
+        assert server.startup_pids() == sorted(workers), server.describe()
 
 
 @pytest.mark.parametrize(
@@ -374,10 +410,14 @@ def test_uvicorn_cli_loop_option() -> None:
         report = response.json()
         assert report["loop"] == RELAXED, server.describe()
         assert report["config"]["partial_write"] == "feed"
+        # uvicorn's one process says which loop it runs, once, in its log.
+        pid = server.proc.pid
+        assert server.startup_lines([pid]) == {pid: "partial_write=feed"}
         # uvicorn shuts down gracefully, then re-raises the signal it caught so
         # that its parent sees why it stopped (seen on 0.36 and 0.54).
         assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM), server.describe()
         assert "Application shutdown complete" in server.output, server.describe()
+        assert server.startup_pids() == [pid], server.describe()
 
 
 def metrics_of(response: Any) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """What a loop says when it is made (_startup): its startup line, once per
-process and settings, and a warning for each unknown ASYNCIO_RELAXED_*
-variable naming the closest setting; to a server's error log where the
-application configured no logging for ours."""
+process and settings, at DEBUG on our logger unless the application asked
+for it at INFO or a server's error log announces its workers; and a warning
+for each unknown ASYNCIO_RELAXED_* variable naming the closest setting, to a
+server's error log where the application configured no logging for ours.
+(tests/test_logs.py holds the rest of the loop's logging to stock's.)"""
 
 from __future__ import annotations
 
@@ -22,13 +24,20 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def _forget() -> None:
+def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's loops say their line and warnings again, and see (as do
+    the processes it starts) only the ASYNCIO_RELAXED_* variables it sets,
+    none of the caller's."""
+    for name in list(os.environ):
+        if name.startswith("ASYNCIO_RELAXED_"):
+            monkeypatch.delenv(name)
     _startup._announced.clear()
     _startup._warned.clear()
 
 
 def test_the_startup_line_names_version_backend_and_changed_settings(
         caplog: pytest.LogCaptureFixture) -> None:
+    # Our logger's own level set to INFO: the application asks for the line.
     with caplog.at_level(logging.INFO, logger="asyncio_relaxed"):
         loop = asyncio_relaxed.new_event_loop(write="deferred", accept="balanced")
         loop.close()
@@ -44,6 +53,48 @@ def test_the_startup_line_names_version_backend_and_changed_settings(
         f"{plain.statistics().backend}) in process {os.getpid()}: default settings",
     ]
     assert all(r.levelno == logging.INFO for r in caplog.records)
+
+
+def test_with_the_level_inherited_the_startup_line_is_debug(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The root logger at DEBUG, ours NOTSET: the line at DEBUG, as stock's
+    "Using selector" line, and nothing at INFO or above; the servers' error
+    logs exist (importing the servers makes them) but no server configured
+    them, so this process is no server's worker."""
+    assert logging.getLogger("asyncio_relaxed").level == logging.NOTSET
+    for name in _startup.SERVER_LOGGERS:
+        assert not logging.getLogger(name).handlers
+    with caplog.at_level(logging.DEBUG):
+        asyncio_relaxed.new_event_loop(write="deferred").close()
+    ours = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "asyncio_relaxed"]
+    assert ours == [(logging.DEBUG, f"asyncio_relaxed {asyncio_relaxed.__version__} ({_impl()}, "
+                                    f"{_backend()}) in process {os.getpid()}: write=deferred")]
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def test_our_level_set_above_info_keeps_the_line_out(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG), \
+            caplog.at_level(logging.WARNING, logger="asyncio_relaxed"):
+        asyncio_relaxed.new_event_loop().close()
+    assert [r for r in caplog.records if r.name == "asyncio_relaxed"] == []
+
+
+def test_the_rule_decides_logger_and_level() -> None:
+    ours = logging.getLogger("asyncio_relaxed")
+    assert _startup.startup_destination() == (ours, logging.DEBUG)
+    ours.setLevel(logging.DEBUG)
+    try:
+        assert _startup.startup_destination() == (ours, logging.INFO)
+        ours.setLevel(logging.ERROR)
+        assert _startup.startup_destination() == (ours, logging.DEBUG)
+    finally:
+        ours.setLevel(logging.NOTSET)
+
+
+def _backend() -> str:
+    loop = asyncio_relaxed.new_event_loop()
+    loop.close()
+    return loop.statistics().backend
 
 
 def _impl() -> str:
@@ -77,6 +128,9 @@ handler = logging.StreamHandler(sys.stdout)
 handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
 server.addHandler(handler)
 server.setLevel(logging.INFO)
+server.propagate = False  # as gunicorn's and uvicorn's configurations have it
+if sys.argv[2] == "root":  # the application's own logging, to stderr
+    logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
 asyncio_relaxed.new_event_loop(accept="single").close()
 """
 
@@ -84,7 +138,7 @@ asyncio_relaxed.new_event_loop(accept="single").close()
 @pytest.mark.parametrize("server", _startup.SERVER_LOGGERS)
 def test_without_logging_configured_a_servers_error_log_takes_the_line(server: str) -> None:
     env = {**os.environ, "ASYNCIO_RELAXED_ACEPT": "single"}
-    out = subprocess.run([sys.executable, "-c", _SERVER_LOG, server], env=env, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", _SERVER_LOG, server, "none"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -93,6 +147,27 @@ def test_without_logging_configured_a_servers_error_log_takes_the_line(server: s
     assert lines[1].startswith(f"{server} INFO asyncio_relaxed {asyncio_relaxed.__version__} (")
     assert lines[1].endswith(": accept=single")
     assert len(lines) == 2 and out.stderr == ""
+
+
+@pytest.mark.parametrize("server", _startup.SERVER_LOGGERS)
+def test_in_a_servers_worker_its_log_takes_the_line_whatever_else_logs(server: str) -> None:
+    """The application logs everything from DEBUG on (to stderr): the
+    startup line is still the server's, at INFO, where it announces its
+    workers, and not the application's; the warning, bad input the
+    application should hear, is the application's."""
+    env = {**os.environ, "ASYNCIO_RELAXED_ACEPT": "single"}
+    out = subprocess.run([sys.executable, "-c", _SERVER_LOG, server, "root"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1, out.stdout
+    assert lines[0].startswith(f"{server} INFO asyncio_relaxed {asyncio_relaxed.__version__} (")
+    assert lines[0].endswith(": accept=single")
+    application = out.stderr.splitlines()
+    assert application[0] == "asyncio DEBUG Using selector: DeferredSelector", out.stderr
+    assert application[1].startswith(
+        "asyncio_relaxed WARNING ASYNCIO_RELAXED_ACEPT is not a setting")
+    assert [line for line in application if "in process" in line] == []
 
 
 def test_without_any_logging_the_warning_reaches_stderr() -> None:

@@ -158,6 +158,7 @@ def test_top_shows_every_worker_of_a_gunicorn_pool_as_its_own_loop_counts(
         arbiter.wait(timeout=60)
         log.close()
     text = pathlib.Path(log.name).read_text()
-    for pid in pids:  # each worker's startup line, in gunicorn's log
+    for pid in pids:  # each worker's startup line, once, in gunicorn's log
         assert f"in process {pid}: accept=balanced stats_dir={stats}" in text, text
+        assert text.count(f"in process {pid}: ") == 1, text
     assert os.listdir(stats) == []  # every worker removed its file at its clean exit
