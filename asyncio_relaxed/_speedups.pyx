@@ -228,7 +228,10 @@ class SocketTransport(_PySocketTransport):
             if would_block(errno):
                 stats.recv_eagain += 1
                 return
-            self._fatal_error(os_error(), "Fatal read error on socket transport")
+            try:
+                raise_errno()
+            except OSError as exc:  # (raised: the handler's exc_info is this error, as stock's)
+                self._fatal_error(exc, "Fatal read error on socket transport")
             return
         if n == 0:
             self._read_ready__on_eof()
@@ -281,7 +284,10 @@ class SocketTransport(_PySocketTransport):
             if would_block(errno):
                 stats.recv_eagain += 1
                 return
-            self._fatal_error(os_error(), "Fatal read error on socket transport")
+            try:
+                raise_errno()
+            except OSError as exc:  # (raised: the handler's exc_info is this error, as stock's)
+                self._fatal_error(exc, "Fatal read error on socket transport")
             return
         if n == 0:
             self._read_ready__on_eof()
@@ -331,7 +337,10 @@ class SocketTransport(_PySocketTransport):
             return
         if n < 0:
             if not would_block(errno):
-                self._fatal_error(os_error(), "Fatal write error on socket transport")
+                try:
+                    raise_errno()
+                except OSError as exc:  # (raised: the handler's exc_info is this error, as stock's)
+                    self._fatal_error(exc, "Fatal write error on socket transport")
                 return
             stats.send_eagain += 1
             n = 0
@@ -387,7 +396,10 @@ class SocketTransport(_PySocketTransport):
             n = c_sendmsg(AR_SOCK_FD(sock), &message, 0)
         if n < 0:
             if not would_block(errno):
-                self._write_failed(os_error())
+                try:
+                    raise_errno()
+                except OSError as exc:  # (raised: the handler's exc_info is this error, as stock's)
+                    self._write_failed(exc)
                 return
             stats.send_eagain += 1
             n = 0
@@ -535,7 +547,7 @@ cdef object wait_readers(object selector, object timeout, Counters stats, object
     if n <= 0:
         if n < 0:
             if errno != EINTR:
-                raise os_error()
+                raise_errno()
             PyErr_CheckSignals()  # a handler that raises: its exception, as select's
         return None
     rest = []

@@ -151,13 +151,11 @@ cdef inline bint would_block(int error) noexcept:
     return error == EAGAIN or error == EINTR
 
 
-cdef object os_error():
-    """The OSError of errno, of the subclass socket's methods raise
-    (ConnectionResetError for ECONNRESET...), as an object."""
-    try:
-        PyErr_SetFromErrno(OSError)
-    except OSError as exc:
-        return exc
+cdef int raise_errno() except -1:
+    """Raise the OSError of errno, of the subclass socket's methods raise
+    (ConnectionResetError for ECONNRESET...)."""
+    PyErr_SetFromErrno(OSError)
+    return -1
 
 
 # -- the receive buffer -----------------------------------------------------
