@@ -49,6 +49,8 @@ _PyLoop = _loop.Loop
 _PySocketTransport = _transport.SocketTransport
 _PyTransportShared = _shared.TransportShared
 
+cdef object PySocketTransport = _PySocketTransport
+cdef object PyTransportShared = _PyTransportShared
 cdef object Handle = _compat.Handle
 cdef object TimerHandle = _compat.TimerHandle
 cdef object STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
@@ -72,6 +74,21 @@ cdef bint CONTEXTS = _compat.PY315
 cdef long STRETCH_MASK = 31
 
 from ._backends import kernel_to_mask
+
+# Whether an object is of a class whose slots this module reads (a subclass
+# keeps its base's layout), by the C subtype check: isinstance() would ask
+# the metaclass (the transports' is SlotsWithDict) for __instancecheck__.
+cdef inline bint is_socket_transport(object o) noexcept:
+    return PyObject_TypeCheck(o, <PyTypeObject *>PySocketTransport)
+
+
+cdef inline bint is_shared(object o) noexcept:
+    return PyObject_TypeCheck(o, <PyTypeObject *>PyTransportShared)
+
+
+cdef inline bint is_handle(object o) noexcept:
+    return PyObject_TypeCheck(o, <PyTypeObject *>Handle)
+
 
 # Handle's slots (the same from 3.11 to 3.15: _compat checks them).
 cdef Py_ssize_t H_CALLBACK = slot(Handle, "_callback")
@@ -210,7 +227,7 @@ class SocketTransport(_PySocketTransport):
         cdef Counters stats
         cdef Py_ssize_t n, size
         cdef object sock, shared
-        if not isinstance(self, _PySocketTransport):  # (an unbound call's self)
+        if not is_socket_transport(self):  # (an unbound call's self)
             return _PySocketTransport._read_ready__data_received(self)
         if get(self, T_CONN_LOST):
             return
@@ -252,7 +269,7 @@ class SocketTransport(_PySocketTransport):
         cdef Py_ssize_t n
         cdef Py_buffer view
         cdef object sock, protocol
-        if not isinstance(self, _PySocketTransport):
+        if not is_socket_transport(self):
             return _PySocketTransport._read_ready__get_buffer(self)
         if get(self, T_CONN_LOST):
             return
@@ -300,7 +317,7 @@ class SocketTransport(_PySocketTransport):
             self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
 
     def is_closing(self):
-        if not isinstance(self, _PySocketTransport):
+        if not is_socket_transport(self):
             return _PySocketTransport.is_closing(self)
         return get(self, T_CLOSING)
 
@@ -311,7 +328,7 @@ class SocketTransport(_PySocketTransport):
         cdef Counters stats
         cdef Py_ssize_t size, n
         cdef object shared, sock
-        if (type(data) is not bytes or not isinstance(self, _PySocketTransport) or get(self, T_WRITE_GUARD) is not False
+        if (type(data) is not bytes or not is_socket_transport(self) or get(self, T_WRITE_GUARD) is not False
                 or get(self, T_BUFFER) or get(self, T_SENDING) is not False):
             return _PySocketTransport.write(self, data)
         size = len(<bytes>data)
@@ -360,7 +377,7 @@ class SocketTransport(_PySocketTransport):
         cdef object sock
         cdef iovec iov[64]
         cdef msghdr message
-        if not isinstance(self, _PySocketTransport):
+        if not is_socket_transport(self):
             return _PySocketTransport._write_now(self, vectored)
         buffer_object = get(self, T_BUFFER)
         if get(self, T_CONN_LOST) or not buffer_object:
@@ -463,7 +480,7 @@ class TransportShared(_PyTransportShared):
     def flush(self, include_feeds):
         """WriteQueue.flush: the send of every queued transport, in the
         order queued."""
-        if not isinstance(self, _PyTransportShared):
+        if not is_shared(self):
             return _PyTransportShared.flush(self, include_feeds)
         cdef list queue = <list?>get(self, S_PENDING)
         cdef list feeding
@@ -477,7 +494,7 @@ class TransportShared(_PyTransportShared):
         for transport in queue:
             # The queue holds every kind of transport that writes through
             # it (pipes too): a socket transport's state is read in its slot.
-            if isinstance(transport, _PySocketTransport):
+            if is_socket_transport(transport):
                 if get(transport, T_WRITE_STATE) != QUEUED:
                     continue
                 ar_set(transport, T_WRITE_STATE, IDLE)
@@ -617,7 +634,7 @@ class Loop(_PyLoop):
         cdef bint due = False, timed, inline_timers
         cdef double timeout_value
         writes = self._shared
-        if not isinstance(writes, _PyTransportShared):
+        if not is_shared(writes):
             return _PyLoop._run_once(self)
         cdef Counters stats = <Counters?>get(writes, S_STATS)
         stats.iterations += 1
@@ -722,7 +739,7 @@ class Loop(_PyLoop):
             handle = ready.popleft()
             # Anything may be in the queue (tests append their own objects):
             # the slots are read only in a Handle's, by offset.
-            if isinstance(handle, Handle):
+            if is_handle(handle):
                 if get(handle, H_CANCELLED):
                     ran -= 1
                     continue

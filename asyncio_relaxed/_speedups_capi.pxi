@@ -11,7 +11,7 @@
 # through PyObject_GetAttr does not.  A NULL slot is one never set (the
 # descriptor's AttributeError); callers that meet one take the pure path.
 
-from cpython.object cimport PyObject, PyTypeObject
+from cpython.object cimport PyObject, PyObject_TypeCheck, PyTypeObject
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.errno cimport errno, EAGAIN, EINTR
 from libc.stdlib cimport free, realloc
