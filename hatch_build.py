@@ -47,10 +47,12 @@ output.  pip shows a build backend's output with ``-v``; ``python -m build``
 always does.
 
 The compiler is setuptools' ``build_ext`` with this interpreter's sysconfig
-flags (Debian's CPython: -O2; a CPython built with --enable-optimizations:
--O3), plus the caller's CFLAGS, as every setuptools extension gets them.  It
-runs in a child process (this file run as a script), whose whole output is
-kept: a failed build can quote it, a good one prints nothing of it.
+CFLAGS (Debian's CPython 3.14 and 3.15: -g -O2 -Wall; a CPython built from
+source with its default OPT, pyenv's: -g -O3 -Wall; no -Werror), plus the
+caller's CFLAGS, as every setuptools extension gets them.  It runs in a child
+process (this file run as a script) whose output is captured: a failed step
+keeps it in a file beside the generated C and quotes its first error, a good
+one prints nothing of it.
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ PyMODINIT_FUNC PyInit__probe(void) { return PyModule_Create(&probe); }
 
 # The line of a build log that says what failed: a C compiler's diagnostic
 # (gcc and clang: "file:line:col: error: ...", "fatal error: ..."), Cython's
-# (file.pyx:line:col: message, printed after the quoted source), or setuptools'
-# own ("error: command 'gcc' failed: No such file or directory").
+# (file.pyx:line:col: message, printed after the quoted source), or the one
+# the child prints for the exception that ended it ("error: command 'gcc'
+# failed: No such file or directory").
 _FIRST_ERROR = re.compile(
     r"^(?:\S+:\d+:\d+: (?:fatal )?error: .*"
     r"|\S+\.(?:pyx|pxi|pxd):\d+:\d+: .*"
@@ -201,8 +204,9 @@ class SpeedupsBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         return None
 
     def config_module(self) -> ModuleType:
-        """asyncio_relaxed/_config.py, loaded from its file: the package
-        itself is not importable while it is being built."""
+        """asyncio_relaxed/_config.py, loaded alone from its file: the
+        package is not on the build backend's sys.path, and importing it would
+        run all of it."""
         name = "_asyncio_relaxed_build_config"
         spec = importlib.util.spec_from_file_location(name, os.path.join(self.root, CONFIG))
         assert spec is not None and spec.loader is not None
