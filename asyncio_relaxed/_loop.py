@@ -111,6 +111,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     _Counters: type[Counters] = Counters
     _SocketTransport: type[SocketTransport] = SocketTransport
     _TransportShared: type[TransportShared] = TransportShared
+    _Serving: type[Serving] = Serving
 
     # Read by BaseEventLoop.__del__: true until the base __init__ has run, so
     # a loop whose settings were rejected is not reported as unclosed.
@@ -140,7 +141,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
                                                           contexts=_compat.PY315)
         shared.on_error = self._flush_failed
         # The listening sockets this loop serves (_serving, _accept).
-        self._serving = Serving(self, config, stats, shared)
+        self._serving = self._Serving(self, config, stats, shared)
         # Time and lag accounts (with time_metrics), slow-callback reports.
         self._health = health = Health(config.time_metrics, config.slow_callback)
         super().__init__(poller)

@@ -203,16 +203,24 @@ class DeferredSelector(selectors.BaseSelector):
     #: _process_events, entered by the loop): while any is, the loop polls
     #: through select() as stock does (asyncio_relaxed._loop).
     replaced: frozenset[str] = frozenset()
+    #: Names of any of this class's methods replaced on the instance (tests
+    #: count the calls of one): the compiled loop (asyncio_relaxed._speedups),
+    #: which runs the bodies of a few of them itself, then calls them all.
+    patched: frozenset[str] = frozenset()
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _SELECTOR_METHODS:
             object.__setattr__(self, "replaced", self.replaced | {name})
+        if name in _METHODS:
+            object.__setattr__(self, "patched", self.patched | {name})
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         object.__delattr__(self, name)
         if name in self.replaced:
             object.__setattr__(self, "replaced", self.replaced - {name})
+        if name in self.patched:
+            object.__setattr__(self, "patched", self.patched - {name})
 
     def __init__(
         self,
@@ -717,3 +725,9 @@ class DeferredSelector(selectors.BaseSelector):
         self._always_ready.clear()
         self._backend.close()
         self._map = _CLOSED_MAP  # an empty map that, unlike _Mapping, holds no selector
+
+
+#: DeferredSelector's methods, whose replacement on an instance sets its
+#: ``patched``.
+_METHODS = frozenset(name for name, value in vars(DeferredSelector).items()
+                     if callable(value) and not name.startswith("__"))

@@ -38,11 +38,15 @@ conformance runs.
 
 include "_speedups_capi.pxi"
 
+import asyncio
 import heapq
 import socket as _socket_module
 from time import monotonic
 
-from . import _compat, _loop, _poller, _shared, _stats, _transport, _writes
+import weakref
+
+from . import (_accept, _basetransport, _compat, _interest, _loop, _poller, _serving, _shared,
+               _sockets, _stats, _transport, _writes)
 
 # The pure classes: the reference, and the bases of this module's classes.
 _PyLoop = _loop.Loop
@@ -64,6 +68,8 @@ cdef object heappop = heapq.heappop
 cdef object heapify = heapq.heapify
 cdef object end_time = _compat.end_time
 cdef object call_soon_pure = _compat.call_soon
+cdef object _NO_BUFFER = _transport._NO_BUFFER
+cdef bint _HAS_SENDMSG = _transport.HAS_SENDMSG
 cdef double MAXIMUM_SELECT_TIMEOUT = _compat.MAXIMUM_SELECT_TIMEOUT
 cdef Py_ssize_t MIN_SCHEDULED_TIMER_HANDLES = _compat.MIN_SCHEDULED_TIMER_HANDLES
 cdef double MIN_CANCELLED_TIMER_HANDLES_FRACTION = _compat.MIN_CANCELLED_TIMER_HANDLES_FRACTION
@@ -72,6 +78,7 @@ cdef long IDLE = _writes.IDLE
 cdef bint CONTEXTS = _compat.PY315
 #: time_metrics: a loop that never waits ends a stretch every 32nd iteration (_loop).
 cdef long STRETCH_MASK = 31
+cdef object EVENT_READ = _poller.EVENT_READ
 
 from ._backends import kernel_to_mask
 
@@ -112,12 +119,31 @@ cdef Py_ssize_t T_SHARED = slot(_PySocketTransport, "_shared")
 cdef Py_ssize_t T_SOCK = slot(_PySocketTransport, "_sock")
 cdef Py_ssize_t T_WRITE_GUARD = slot(_PySocketTransport, "_write_guard")
 cdef Py_ssize_t T_WRITE_STATE = slot(_PySocketTransport, "_write_state")
+cdef Py_ssize_t T_EMPTY_WAITER = slot(_PySocketTransport, "_empty_waiter")
+cdef Py_ssize_t T_EOF = slot(_PySocketTransport, "_eof")
+cdef Py_ssize_t T_EXTRA_DICT = slot(_PySocketTransport, "_extra_dict")
+cdef Py_ssize_t T_LOOP = slot(_PySocketTransport, "_loop")
+cdef Py_ssize_t T_LOW_WATER = slot(_PySocketTransport, "_low_water")
+cdef Py_ssize_t T_PAUSED = slot(_PySocketTransport, "_paused")
+cdef Py_ssize_t T_PEERNAME = slot(_PySocketTransport, "_peername")
+cdef Py_ssize_t T_PROTOCOL_CONNECTED = slot(_PySocketTransport, "_protocol_connected")
+cdef Py_ssize_t T_RECV_SIZE = slot(_PySocketTransport, "_recv_size")
+cdef Py_ssize_t T_SERVER = slot(_PySocketTransport, "_server")
+cdef Py_ssize_t T_SOCK_FD = slot(_PySocketTransport, "_sock_fd")
+cdef Py_ssize_t T_SOCKNAME = slot(_PySocketTransport, "_sockname")
+cdef Py_ssize_t T_TSOCK = slot(_PySocketTransport, "_tsock")
+cdef Py_ssize_t T_CONTEXT = slot(_PySocketTransport, "_context") if CONTEXTS else -1
+# socket.socket's own (its __slots__, the same from 3.11 to 3.15).
+cdef Py_ssize_t K_IO_REFS = slot(_socket_module.socket, "_io_refs")
+cdef Py_ssize_t K_CLOSED = slot(_socket_module.socket, "_closed")
 # The shared state's (the write queue's, settings, counters).
 cdef Py_ssize_t S_DEFERRED = slot(_PyTransportShared, "deferred")
 cdef Py_ssize_t S_FEEDING = slot(_PyTransportShared, "feeding")
 cdef Py_ssize_t S_PENDING = slot(_PyTransportShared, "pending")
 cdef Py_ssize_t S_READ_SIZE = slot(_PyTransportShared, "read_size")
 cdef Py_ssize_t S_STATS = slot(_PyTransportShared, "stats")
+cdef Py_ssize_t S_POLLER = slot(_PyTransportShared, "poller")
+cdef Py_ssize_t S_SMALL_READ = slot(_PyTransportShared, "small_read")
 
 
 def _check_socket_layout():
@@ -213,10 +239,22 @@ COUNTER_NAMES = _stats.Counters.__slots__
 
 # -- the socket transport -------------------------------------------------------
 
+include "_speedups_life.pxi"
+
+
 class SocketTransport(_PySocketTransport):
-    """The socket transport with its read, write and send compiled."""
+    """The socket transport with its life (made, started, closed, ended),
+    reads, write and send compiled."""
 
     __slots__ = ()
+
+    __init__ = transport_init
+    _connection_made = connection_made
+    _start_reading = start_reading
+    close = transport_close
+    _read_ready__on_eof = on_eof
+    _call_connection_lost = call_connection_lost
+    __del__ = transport_del
 
     def _read_ready__data_received(self):
         """One read into the process's receive buffer (see
@@ -466,8 +504,64 @@ cdef object _buffered_read_failed(object transport, object sock, object buf, Cou
     raise AssertionError(f"recv_into() took {buf!r}, which is no writable buffer")
 
 
-cdef object _NO_BUFFER = _transport._NO_BUFFER
-cdef bint _HAS_SENDMSG = _transport.HAS_SENDMSG
+TRANSPORT_METHODS = ClassWatch(SocketTransport, (
+    "_attach", "_schedule_start", "_connection_made", "_start_reading", "_read_method",
+    "_lost", "_unwatch_for_good", "_socket_lost", "_forget", "_detach_server",
+    "_call_connection_lost"))
+
+
+
+# -- the accept path -------------------------------------------------------------
+
+include "_speedups_accept.pxi"
+
+
+class BatchListener(_accept.BatchListener):
+    __slots__ = ()
+    accept_one = accept_one
+    burst = burst
+    take_queued = take_queued
+    ready = take_queued
+
+
+class SingleListener(_accept.SingleListener):
+    __slots__ = ()
+    accept_one = accept_one
+    burst = burst
+    take_queued = take_queued
+    ready = accept_one
+
+
+class RelaxedListener(_accept.RelaxedListener):
+    __slots__ = ()
+    accept_one = accept_one
+    burst = burst
+    take_queued = take_queued
+
+
+class BalancedListener(_accept.BalancedListener):
+    __slots__ = ()
+    accept_one = accept_one
+    burst = burst
+    take_queued = take_queued
+
+
+#: The compiled listener of each accept strategy (_accept.listener_class's).
+LISTENERS = {cls.strategy: cls for cls in (BatchListener, SingleListener, RelaxedListener,
+                                           BalancedListener)}
+
+
+class Serving(_serving.Serving):
+    """The loop's accept side with a plain connection's serving compiled,
+    and the compiled listeners."""
+
+    __slots__ = ()
+
+    def __init__(self, loop, config, stats, shared):
+        _serving.Serving.__init__(self, loop, config, stats, shared)
+        self.listener_class = LISTENERS[config.accept]
+
+    accepted = serving_accepted
 
 
 # -- the write queue -------------------------------------------------------------
@@ -599,6 +693,7 @@ class Loop(_PyLoop):
     _Counters = Counters
     _SocketTransport = SocketTransport
     _TransportShared = TransportShared
+    _Serving = Serving
 
     def call_soon(self, callback, *args, context=None):
         """_compat.call_soon, compiled: a Handle made with its slots set."""
@@ -615,6 +710,54 @@ class Loop(_PyLoop):
         ar_set(handle, H_REPR, None)
         ar_set(handle, H_SOURCE_TRACEBACK, None)
         self._ready.append(handle)
+        return handle
+
+    def _set_callback(self, fd, which, callback, args, context):
+        """Loop._set_callback (the readers' and writers' registration): a
+        Handle made with its slots set; a transport's new socket (owned,
+        not registered, the kernel holding nothing) made COMMON with one
+        EPOLL_CTL_ADD written out here, the poller's set_callback for any
+        other fd."""
+        cdef int epfd, error
+        cdef epoll_event event
+        selector = self._selector
+        if type(selector) is not DeferredSelector or selector.replaced or selector.patched:
+            return _PyLoop._set_callback(self, fd, which, callback, args, context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        if self._debug or events_module.Handle is not Handle:
+            handle = events_module.Handle(callback, args, self, context)
+        else:
+            handle = AR_NEW(Handle)
+            ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
+            ar_set(handle, H_LOOP, self)
+            ar_set(handle, H_CALLBACK, callback)
+            ar_set(handle, H_ARGS, args)
+            ar_set(handle, H_CANCELLED, False)
+            ar_set(handle, H_REPR, None)
+            ar_set(handle, H_SOURCE_TRACEBACK, None)
+        if not which and type(fd) is int and fd >= 0 and selector._epoll is not None:
+            table = selector._table
+            states = <dict?>table.states
+            if states.get(fd) == OWNED and fd not in <dict?>table.data:
+                # InterestTable.start_common, then the ADD (DeferredSelector.set_callback).
+                del states[fd]
+                (<dict>table.data)[fd] = (handle, None)
+                (<Counters?>selector.stats).epoll_ctl_add += 1
+                event.events = EPOLLIN
+                event.data.u64 = 0
+                event.data.fd = fd
+                epfd = selector._epoll.fileno()
+                if epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event) == 0:
+                    return handle
+                # Fresh again: register() knows what each refusal means.
+                table.end_common(fd, None)
+                table.own(fd)
+                selector.register(fd, EVENT_READ, (handle, None))
+                return handle
+        replaced = selector.set_callback(fd, which, handle)
+        if replaced is not None:
+            replaced.cancel()
         return handle
 
     def create_future(self):

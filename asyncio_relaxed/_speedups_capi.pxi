@@ -13,7 +13,7 @@
 
 from cpython.object cimport PyObject, PyObject_TypeCheck, PyTypeObject
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
-from libc.errno cimport errno, EAGAIN, EINTR
+from libc.errno cimport errno, EAGAIN, EBADF, EEXIST, EINTR, ENOENT
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
@@ -96,7 +96,10 @@ cdef extern from *:
         unsigned int events
         epoll_data_t data
     int epoll_wait(int epfd, epoll_event *events, int maxevents, int timeout) nogil
+    int epoll_ctl(int epfd, int op, int fd, epoll_event *event) nogil
     enum: EPOLLIN
+    enum: EPOLL_CTL_ADD
+    enum: EPOLL_CTL_DEL
     cdef struct iovec:
         void *iov_base
         size_t iov_len

@@ -3,10 +3,13 @@
 On PyPy the suite is PyPy's own test.test_asyncio on PyPy's stock loop.
 
     python -m tests.conformance.runner [--python PATH ...]
-        [--modes stock,eager,deferred] [--modules test_events ...] [--jobs 2]
+        [--modes stock,eager,deferred,eager-pure] [--modules test_events ...] [--jobs 2]
         [--timeout 600] [--test-timeout 60] [--json out.json] [--logdir DIR]
 
-One swap.py process per (python, module, mode).  Exit status is 0 only if every
+One swap.py process per (python, module, mode).  A relaxed mode is a write
+setting (eager, deferred) on the build the package chose (compiled on
+CPython); with ``-pure`` after it, on the pure-Python build
+(ASYNCIO_RELAXED_NO_EXTENSIONS=1).  Exit status is 0 only if every
 relaxed run matches stock (passed, skipped, failed+errors) and created loops.
 A test that runs past --test-timeout is reported by name as hung (a failure),
 and the module goes on after it in a new process.
@@ -75,7 +78,12 @@ def probe(python: str) -> tuple[str | None, list[str]]:
         return None, [(p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]]
     version, implementation, modules = p.stdout.splitlines()[:3]
     label = version if implementation == "CPython" else f"{implementation}-{version}"
+    IMPLEMENTATIONS[python] = implementation
     return label, modules.split()
+
+
+#: Each probed interpreter's implementation (CPython, PyPy).
+IMPLEMENTATIONS: dict[str, str] = {}
 
 
 def run_child(cmd: list[str], cwd: str, env: dict[str, str], timeout: float, log: str,
@@ -113,6 +121,8 @@ def run_one(python: str, module: str, mode: str, timeout: float, test_timeout: f
         if res.get("loops_created") is not None:
             res["loops_created"] += rest.get("loops_created") or 0
             res["write_seen"] = sorted({*res.get("write_seen", ()), *rest.get("write_seen", ())})
+            res["builds_seen"] = sorted({*res.get("builds_seen", ()),
+                                         *rest.get("builds_seen", ())})
         res["wall"] = res.get("wall", 0) + rest.get("wall", 0)
         res["hung"] = rest.get("hung")
     if res.get("hung"):
@@ -127,8 +137,11 @@ def run_part(python: str, module: str, mode: str, timeout: float, test_timeout: 
     env = dict(os.environ)  # PYTHONASYNCIODEBUG / PYTHONWARNINGS pass through untouched
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     env.pop("ASYNCIO_RELAXED_WRITE", None)
+    env.pop("ASYNCIO_RELAXED_NO_EXTENSIONS", None)
     if mode != "stock":
-        env["ASYNCIO_RELAXED_WRITE"] = mode
+        env["ASYNCIO_RELAXED_WRITE"] = write_mode(mode)
+        if mode.endswith(PURE):
+            env["ASYNCIO_RELAXED_NO_EXTENSIONS"] = "1"
     cmd = [python, SWAP, module, "--mode", "stock" if mode == "stock" else "relaxed",
            "--timeout", str(max(timeout - 10, 1)),  # faulthandler fires first: tracebacks in log
            "--test-timeout", str(test_timeout)]
@@ -146,6 +159,22 @@ def run_part(python: str, module: str, mode: str, timeout: float, test_timeout: 
         res = {"error": f"no result (rc={rc}, last test: {started[-1] if started else '-'})"}
     res.update(wall=round(time.monotonic() - start, 1), log=log)
     return res
+
+
+#: A mode's suffix that runs it on the pure-Python build (ASYNCIO_RELAXED_NO_EXTENSIONS=1);
+#: without it a relaxed mode runs the build the package chose (compiled on CPython).
+PURE = "-pure"
+
+
+def write_mode(mode: str) -> str:
+    """The write setting of a relaxed *mode* ("eager", "deferred-pure"...)."""
+    return mode.removesuffix(PURE)
+
+
+def expected_build(mode: str, implementation: str) -> str:
+    """The build a relaxed *mode*'s loops must be of: the pure one for a
+    ``-pure`` mode and wherever no compiled module exists (PyPy)."""
+    return "pure" if mode.endswith(PURE) or implementation != "CPython" else "compiled"
 
 
 def outcome(res: dict) -> tuple | None:
@@ -235,9 +264,13 @@ def main() -> int:
                 if not r["loops_created"] and (minor, mod) not in ZERO_LOOPS_OK:
                     ok = False
                     marks.append(f"{mode}:0 loops")
-                if r.get("write_seen", [mode]) not in ([], [mode]):
+                if r.get("write_seen", [write_mode(mode)]) not in ([], [write_mode(mode)]):
                     ok = False
                     marks.append(f"{mode}:loops used write={r['write_seen']}")
+                build = expected_build(mode, IMPLEMENTATIONS.get(py, "CPython"))
+                if r.get("builds_seen", [build]) not in ([], [build]):
+                    ok = False
+                    marks.append(f"{mode}:loops of the {'/'.join(r['builds_seen'])} build")
                 s = row.get("stock", {"error": "not run"})
                 if s.get("error"):
                     continue
@@ -246,9 +279,10 @@ def main() -> int:
                     marks.append(f"{mode}:HUNG {name}")
                 if outcome(r) != outcome(s) or r["bad"] != s["bad"]:
                     regressed = resolve(py, mod, mode, res, a.timeout, a.test_timeout, logdir)
-                    allowed = [t for t in r["confirmed_diff"] if (mode, t) in EXPECTED]
+                    allowed = [t for t in r["confirmed_diff"]
+                               if (write_mode(mode), t) in EXPECTED]
                     for name in allowed:
-                        expected.add((mode, name))
+                        expected.add((write_mode(mode), name))
                     r["confirmed_diff"] = [t for t in r["confirmed_diff"] if t not in allowed]
                     regressed = [t for t in regressed if t not in allowed]
                     if allowed and not r["confirmed_diff"]:

@@ -37,6 +37,7 @@ MARKER = "CONFORMANCE_RESULT "
 PYPY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pypy")
 loops_created = 0
 write_seen: set[str] = set()  # write modes the created loops report, proves the env var landed
+builds_seen: set[str] = set()  # the builds of the created loops (compiled, pure)
 
 
 def install_swap() -> type:
@@ -44,6 +45,7 @@ def install_swap() -> type:
     import asyncio.selector_events
     import asyncio.unix_events as ue
 
+    import asyncio_relaxed
     from asyncio_relaxed import Loop  # imported before patching: Loop's base is the real class
 
     class CountingLoop(Loop):  # a class, not a function: _loop_factory is read via the instance
@@ -54,6 +56,9 @@ def install_swap() -> type:
             mode = getattr(getattr(self, "config", None), "write", None)
             if mode is not None:
                 write_seen.add(str(getattr(mode, "value", mode)))
+            compiled = getattr(asyncio_relaxed, "CLoop", None)
+            builds_seen.add("compiled" if compiled is not None and isinstance(self, compiled)
+                            else "pure")
 
     for mod in (asyncio, ue):
         mod.SelectorEventLoop = CountingLoop
@@ -76,6 +81,7 @@ def install_swap() -> type:
             raise RuntimeError(f"swap did not take: got {type(probe)!r}")
     loops_created = 0
     write_seen.clear()
+    builds_seen.clear()
     return CountingLoop
 
 
@@ -160,6 +166,7 @@ def summarise(summary: dict[str, object], result: CountingResult) -> None:
     if summary["mode"] == "relaxed":
         summary["loops_created"] = loops_created
         summary["write_seen"] = sorted(write_seen)
+        summary["builds_seen"] = sorted(builds_seen)
 
 
 def watch(result: CountingResult, summary: dict[str, object], limit: float) -> None:

@@ -1,0 +1,143 @@
+# The accept path, compiled: a listener's accept() and batch
+# (_accept.Listener.accept_one, burst, take_queued) and the loop's side of
+# a plain connection (_serving.Serving.accepted, _serve).  The pure methods
+# are the reference; a TLS connection, debug mode and a socket that is not
+# exactly socket.socket take them.
+
+cdef object PyListener = _accept.Listener
+cdef object PyServing = _serving.Serving
+cdef object C_ACCEPT = _accept._C_ACCEPT
+cdef object C_NEW = _sockets.C_NEW
+cdef object C_INIT = _sockets.C_INIT
+cdef tuple RESOURCE_ERRNOS = _accept.RESOURCE_ERRNOS
+cdef object CONNECTION = _accept.Outcome.CONNECTION
+cdef object ABORTED = _accept.Outcome.ABORTED
+cdef object EMPTY = _accept.Outcome.EMPTY
+cdef object STARVED = _accept.Outcome.STARVED
+cdef object POLLED = _accept.ListenerState.POLLED
+cdef object report_accept_error = _serving._report_accept_error
+
+# Listener's slots (a slotted dataclass).
+cdef Py_ssize_t L_HOST = slot(PyListener, "host")
+cdef Py_ssize_t L_SOCK = slot(PyListener, "sock")
+cdef Py_ssize_t L_STATS = slot(PyListener, "stats")
+cdef Py_ssize_t L_PLAIN = slot(PyListener, "plain")
+cdef Py_ssize_t L_FAMILY = slot(PyListener, "family")
+cdef Py_ssize_t L_KIND = slot(PyListener, "kind")
+cdef Py_ssize_t L_PROTO = slot(PyListener, "proto")
+cdef Py_ssize_t L_FAILING = slot(PyListener, "failing")
+cdef Py_ssize_t L_ACCEPTED = slot(PyListener, "accepted")
+cdef Py_ssize_t L_STATE = slot(PyListener, "state")
+
+
+cdef inline bint is_listener(object o) noexcept:
+    return PyObject_TypeCheck(o, <PyTypeObject *>PyListener)
+
+
+def accept_one(self):
+    """Listener.accept_one: one accept(); a connection it gives is handed
+    to the loop (the host's accepted())."""
+    cdef Counters stats
+    if not is_listener(self):
+        return PyListener.accept_one(self)
+    stats = <Counters?>get(self, L_STATS)
+    stats.accept += 1
+    try:
+        if get(self, L_PLAIN):
+            fd, addr = C_ACCEPT(get(self, L_SOCK))
+            # socket.socket(family, kind, proto, fd), its body inline (_sockets.C_NEW)
+            conn = C_NEW(socket_type)
+            C_INIT(conn, get(self, L_FAMILY), get(self, L_KIND), get(self, L_PROTO), fd)
+            ar_set(conn, K_IO_REFS, 0)
+            ar_set(conn, K_CLOSED, False)
+        else:
+            conn, addr = get(self, L_SOCK).accept()
+        conn.setblocking(False)
+    except (BlockingIOError, InterruptedError):
+        stats.accept_eagain += 1
+        return EMPTY
+    except ConnectionAbortedError:
+        return ABORTED  # discarded, and the batch goes on (gh-127529)
+    except OSError as exc:
+        if exc.errno not in RESOURCE_ERRNOS:
+            raise  # The event loop will catch, log and ignore it.
+        self.back_off(exc)
+        return STARVED
+    ar_set(self, L_FAILING, False)
+    ar_set(self, L_ACCEPTED, get(self, L_ACCEPTED) + 1)
+    get(self, L_HOST).accepted(self, conn, addr)
+    return CONNECTION
+
+
+def burst(self, budget, queued):
+    """Listener.burst: up to *budget* accepts, no more than *queued* where
+    known; how many gave a connection."""
+    cdef Py_ssize_t n, taken = 0
+    if queued is not None and queued < budget:
+        budget = queued
+    n = budget
+    for _ in range(n):
+        outcome = self.accept_one()
+        if outcome is CONNECTION:
+            taken += 1
+        elif outcome is not ABORTED:
+            break
+    return taken
+
+
+def take_queued(self):
+    """Listener.take_queued: one accept, then as many as the queue holds,
+    up to the batch in all."""
+    first = self.accept_one()
+    if first is not CONNECTION and first is not ABORTED:
+        return False
+    budget = self.batch - 1
+    taken = 0
+    if budget > 0:
+        taken = self.burst(budget, self.read_queue_length())
+    return (first is CONNECTION or taken > 0) and get(self, L_STATE) is POLLED
+
+
+def serving_accepted(self, listener, conn, addr):
+    """Serving.accepted for a plain connection outside debug mode: _serve
+    in a copy of the current context (or of the server's, 3.15)."""
+    loop = self.loop
+    if loop._debug or (listener.sslcontext and not self.own_tls):
+        return PyServing.accepted(self, listener, conn, addr)
+    server_context = listener.context
+    if server_context is None:
+        context = PyContext_CopyCurrent()
+        PyContext_Enter(context)
+        try:
+            serve(self, loop, listener, conn, addr, None)
+        finally:
+            PyContext_Exit(context)
+    else:
+        conn_context = server_context.copy()
+        PyContext_Enter(conn_context)
+        try:
+            serve(self, loop, listener, conn, addr, conn_context)
+        finally:
+            PyContext_Exit(conn_context)
+
+
+cdef object serve(object self, object loop, object listener, object conn, object addr,
+                  object context):
+    """Serving._serve: the protocol and its transport (a TLS listener's
+    connection is the pure method's)."""
+    if listener.sslcontext:
+        return PyServing._serve(self, listener, conn, addr, context)
+    protocol = transport = None
+    try:
+        protocol = listener.protocol_factory()
+        transport = loop._SocketTransport(loop, conn, protocol, None, None, listener.server,
+                                          self.shared, listener.inherits, context, addr,
+                                          listener.sockname)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        if transport is not None:
+            transport.close()
+        else:
+            conn.close()
+        report_accept_error(loop, exc, protocol, transport)

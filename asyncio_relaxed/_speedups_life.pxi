@@ -1,0 +1,349 @@
+# A connection's life, compiled: an accepted socket's transport made, its
+# connection_made() and first reader, its close and its end.  The pure
+# methods are the reference (_basetransport, _transport); each function here
+# takes the pure method where its fast path does not apply, and calls the
+# transport's own private methods inline only while its class has them
+# (TRANSPORT_METHODS: a class-level patch of one is then called instead).
+
+
+cdef class ClassWatch:
+    """Whether a class still has the attributes it had when this was made:
+    by its version tag, which CPython changes whenever the class or a base
+    is modified; after a change, by comparing each attribute, after which
+    the new tag is the one to compare with."""
+
+    cdef object cls
+    cdef dict originals
+    cdef unsigned int tag
+
+    def __init__(self, cls, names):
+        self.cls = cls
+        self.originals = {name: getattr(cls, name) for name in names}
+        self.tag = AR_TYPE_TAG(cls)
+
+    cdef bint unchanged(self):
+        if self.tag and AR_TYPE_TAG(self.cls) == self.tag:
+            return True
+        for name, original in self.originals.items():
+            if getattr(self.cls, name, None) is not original:
+                return False
+        self.tag = AR_TYPE_TAG(self.cls)  # (the lookups gave it one)
+        return True
+
+
+cdef object ASK = _basetransport.ASK
+cdef object DEFAULT_HIGH_WATER = _basetransport._DEFAULT_HIGH_WATER
+cdef object DEFAULT_LOW_WATER = _basetransport._DEFAULT_LOW_WATER
+cdef dict SERVER_SOCKNAMES = _basetransport._SERVER_SOCKNAMES
+cdef dict PEER_HOSTS = _basetransport._PEER_HOSTS
+cdef object remember = _basetransport._remember
+cdef object server_attach = _compat.server_attach
+cdef object server_detach = _compat.server_detach
+cdef object C_CLOSE = _socket.socket.close
+cdef object BufferedProtocol = asyncio.BufferedProtocol
+cdef object new_weakref = weakref.ref
+cdef long OWNED = _interest.OWNED
+cdef object STOCK_CANCEL = Handle.cancel
+#: The compiled transport's methods that the functions here call inline (set
+#: once the class exists, at the end of _speedups.pyx).
+cdef ClassWatch TRANSPORT_METHODS
+
+
+cdef inline object transport_context(object transport):
+    """The context a transport's callbacks run in (3.15's server
+    connections), or None: a copy of the scheduler's, as stock's."""
+    if CONTEXTS:
+        return get(transport, T_CONTEXT)
+    return None
+
+
+cdef object accepted_addresses(object peername, object sock, object sockname):
+    """_basetransport._accepted_addresses, compiled (the same caches)."""
+    if sockname is None:
+        try:
+            sockname = sock.getsockname()
+        except OSError:
+            sockname = None
+        else:
+            shared = SERVER_SOCKNAMES.get(sockname)
+            if shared is None:
+                remember(SERVER_SOCKNAMES, sockname)
+            else:
+                sockname = shared
+    if type(peername) is tuple and len(<tuple>peername) >= 2:
+        host = PEER_HOSTS.get((<tuple>peername)[0])
+        if host is None:
+            remember(PEER_HOSTS, (<tuple>peername)[0])
+        elif host is not (<tuple>peername)[0]:
+            peername = (host,) + (<tuple>peername)[1:]
+    return peername, sockname
+
+
+cdef int own_fd(object poller, int fd) except -1:
+    """DeferredSelector.own: a new socket's fd (no entry) owned, written
+    into the interest table's dict; anything else through the poller."""
+    if type(poller) is not DeferredSelector or poller.patched:
+        poller.own(fd)
+        return 0
+    table = poller._table
+    states = table.states
+    if fd not in <dict?>states and fd not in <dict?>table.data:
+        states[fd] = OWNED
+    else:
+        table.own(fd)
+    return 0
+
+
+def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=None,
+                   shared=None, inherited_options=False, context=None, peername=ASK,
+                   sockname=None):
+    """SocketTransport.__init__ for the accept path's call (a server's
+    socket, its peer address, no extra, no waiter, the listener's TCP
+    options inherited, outside debug mode): the pure __init__'s slots set
+    by offset, its _attach and _schedule_start inline.  Any other call is
+    the pure __init__'s."""
+    cdef int fd
+    if (server is None or peername is ASK or extra or waiter is not None
+            or inherited_options is not True or not is_shared(shared)
+            or type(self) is not SocketTransport or not plain_socket(sock)
+            or not TRANSPORT_METHODS.unchanged() or loop._debug):
+        _PySocketTransport.__init__(self, loop, sock, protocol, waiter, extra, server,
+                                    shared, inherited_options, context, peername, sockname)
+        return
+    fd = AR_SOCK_FD(sock)
+    # TransportBase.__init__ (the fields __del__ reads first).
+    ar_set(self, T_SOCK, None)
+    ar_set(self, T_SERVER, None)
+    ar_set(self, T_CONN_LOST, 0)
+    ar_set(self, T_CLOSING, False)
+    ar_set(self, T_PAUSED, False)
+    ar_set(self, T_SHARED, shared)
+    ar_set(self, T_EXTRA_DICT, None)
+    if CONTEXTS:
+        ar_set(self, T_CONTEXT, context)
+    ar_set(self, T_LOOP, loop)
+    ar_set(self, T_PROTOCOL_PAUSED, False)
+    ar_set(self, T_HIGH_WATER, DEFAULT_HIGH_WATER)
+    ar_set(self, T_LOW_WATER, DEFAULT_LOW_WATER)
+    peername, sockname = accepted_addresses(peername, sock, sockname)
+    ar_set(self, T_PEERNAME, peername)
+    ar_set(self, T_SOCKNAME, sockname)
+    ar_set(self, T_TSOCK, sock)
+    ar_set(self, T_SOCK, sock)
+    ar_set(self, T_SOCK_FD, fd)
+    # SocketTransport.__init__.
+    ar_set(self, T_RECV_SIZE, get(shared, S_SMALL_READ))
+    ar_set(self, T_PROTOCOL, protocol)
+    ar_set(self, T_PROTOCOL_CONNECTED, True)
+    ar_set(self, T_BUFFER, _NO_BUFFER)
+    ar_set(self, T_BUFFER_SIZE, 0)
+    ar_set(self, T_EOF, False)
+    ar_set(self, T_EMPTY_WAITER, None)
+    ar_set(self, T_WRITE_GUARD, False)
+    ar_set(self, T_WRITE_STATE, IDLE)
+    ar_set(self, T_SENDING, False)
+    ar_set(self, T_FEEDS, 0)
+    # _attach: the server's count, the loop's transports, the fd owned.
+    ar_set(self, T_SERVER, server)
+    server_attach(server, self)
+    (<dict?>loop._transports.data)[fd] = new_weakref(self)
+    own_fd(get(shared, S_POLLER), fd)
+    # _schedule_start, outside debug mode: one handle.
+    loop.call_soon(self._connection_made, context=context)
+
+
+def connection_made(self):
+    """TransportBase._connection_made: connection_made() in a copy of the
+    current context (or the transport's own), then reading starts."""
+    if not is_socket_transport(self):
+        return _PySocketTransport._connection_made(self)
+    protocol = get(self, T_PROTOCOL)
+    context = transport_context(self)
+    try:
+        if context is None:
+            context = PyContext_CopyCurrent()
+            PyContext_Enter(context)
+            try:
+                protocol.connection_made(self)
+            finally:
+                PyContext_Exit(context)
+        else:
+            protocol.connection_made(self)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        loop = get(self, T_LOOP)
+        handle = events_module.Handle(protocol.connection_made, (self,), loop, None)
+        loop._callback_failed(handle, exc)
+    if type(self) is SocketTransport and TRANSPORT_METHODS.unchanged():
+        start_reading(self)
+    else:
+        self._start_reading()
+
+
+def start_reading(self):
+    """SocketTransport._start_reading: the protocol kind's read method
+    registered as the fd's reader (not while closing or paused)."""
+    if not is_socket_transport(self):
+        return _PySocketTransport._start_reading(self)
+    if get(self, T_CLOSING) or get(self, T_PAUSED):
+        return
+    protocol = get(self, T_PROTOCOL)
+    if isinstance(protocol, BufferedProtocol):
+        method = self._read_ready__get_buffer
+    else:
+        method = self._read_ready__data_received
+    get(self, T_LOOP)._set_callback(get(self, T_SOCK_FD), 0, method, (),
+                                    transport_context(self))
+
+
+cdef object release_reader(object loop, object poller, object fd):
+    """DeferredSelector.release_reader for a COMMON fd on epoll (owned,
+    reading only, the kernel told): the table's entry dropped and one
+    EPOLL_CTL_DEL, both written out here; any other fd through the
+    poller.  The reader removed, or None."""
+    cdef int epfd, error
+    if type(poller) is not DeferredSelector or poller.patched or poller._epoll is None:
+        return poller.release_reader(fd)
+    table = poller._table
+    datas = <dict?>table.data
+    if fd in <dict?>table.states or fd not in datas:  # not COMMON
+        return poller.release_reader(fd)
+    table.dirty.discard(fd)
+    data = datas.pop(fd)
+    if poller._fileobjs:
+        poller._fileobjs.pop(fd, None)
+    (<Counters?>poller.stats).epoll_ctl_del += 1
+    epfd = poller._epoll.fileno()
+    if epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL) < 0:
+        error = errno
+        if error != ENOENT and error != EBADF:
+            try:
+                raise_errno()
+            except OSError as exc:
+                if poller.on_error is None:
+                    raise
+                poller.on_error(fd, exc)
+    return data[0]
+
+
+cdef int cancel(object handle) except -1:
+    """Handle.cancel, for a Handle of stock's class and cancel()."""
+    if type(handle) is not Handle or Handle.cancel is not STOCK_CANCEL:
+        handle.cancel()
+        return 0
+    if get(handle, H_CANCELLED):
+        return 0
+    ar_set(handle, H_CANCELLED, True)
+    if get(handle, H_LOOP).get_debug():
+        ar_set(handle, H_REPR, repr(handle))
+    ar_set(handle, H_CALLBACK, None)
+    ar_set(handle, H_ARGS, None)
+    return 0
+
+
+cdef int unwatch_for_good(object self) except -1:
+    """TransportBase._unwatch_for_good: reading ends, the fd is released."""
+    loop = get(self, T_LOOP)
+    poller = get(get(self, T_SHARED), S_POLLER)
+    if loop._selector is not poller or poller.replaced or loop._closed:
+        self._unwatch_read()
+        self._release_fd()
+        return 0
+    removed = release_reader(loop, poller, get(self, T_SOCK_FD))
+    if removed is not None:
+        cancel(removed)
+    return 0
+
+
+def transport_close(self):
+    """TransportBase.close: reading stops now; the end waits for the
+    buffer to empty."""
+    if not is_socket_transport(self):
+        return _PySocketTransport.close(self)
+    if get(self, T_CLOSING):
+        return
+    if type(self) is not SocketTransport or not TRANSPORT_METHODS.unchanged():
+        return _PySocketTransport.close(self)
+    ar_set(self, T_CLOSING, True)
+    unwatch_for_good(self)
+    if not get(self, T_BUFFER):
+        ar_set(self, T_CONN_LOST, get(self, T_CONN_LOST) + 1)
+        ar_set(self, T_WRITE_GUARD, True)  # SocketTransport._lost
+        get(self, T_LOOP).call_soon(self._call_connection_lost, None,
+                                    context=transport_context(self))
+
+
+def on_eof(self):
+    """SocketTransport._read_ready__on_eof: eof_received(), then the
+    transport stops reading or closes."""
+    if not is_socket_transport(self):
+        return _PySocketTransport._read_ready__on_eof(self)
+    if get(self, T_LOOP)._debug:
+        return _PySocketTransport._read_ready__on_eof(self)
+    try:
+        keep_open = get(self, T_PROTOCOL).eof_received()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
+        return
+    if keep_open:
+        self._unwatch_read()
+    else:
+        self.close()
+
+
+def call_connection_lost(self, exc):
+    """SocketTransport._call_connection_lost: connection_lost(), then the
+    socket closes and the transport leaves its loop and server."""
+    if (not is_socket_transport(self) or type(self) is not SocketTransport
+            or not TRANSPORT_METHODS.unchanged()):
+        return _PySocketTransport._call_connection_lost(self, exc)
+    try:
+        if get(self, T_PROTOCOL_CONNECTED):
+            get(self, T_PROTOCOL).connection_lost(exc)
+    finally:
+        socket_lost(self)
+
+
+cdef int socket_lost(object self) except -1:
+    """SocketTransport._socket_lost (with _forget and _detach_server)."""
+    cdef int fd_value
+    fd = get(self, T_SOCK_FD)
+    loop = get(self, T_LOOP)
+    transports = <dict?>loop._transports.data
+    reference = transports.pop(fd, None)
+    if reference is not None:
+        alive = reference()
+        if alive is not self and alive is not None:
+            transports[fd] = reference  # another's: it stays
+    sock = get(self, T_SOCK)
+    if type(sock) is socket_type:
+        # socket.socket.close(), its body inline (_sockets.C_CLOSE).
+        ar_set(sock, K_CLOSED, True)
+        if get(sock, K_IO_REFS) <= 0:
+            C_CLOSE(sock)
+    else:
+        sock.close()
+    ar_set(self, T_SOCK, None)
+    ar_set(self, T_PROTOCOL, None)
+    ar_set(self, T_LOOP, None)
+    server = get(self, T_SERVER)
+    if server is not None:
+        ar_set(self, T_SERVER, None)
+        server_detach(server, self)
+    waiter = get(self, T_EMPTY_WAITER)
+    if waiter is not None and not waiter.done():
+        waiter.set_exception(ConnectionError("Connection is closed by peer"))
+    return 0
+
+
+def transport_del(self):
+    """TransportBase.__del__: nothing to do (the common case: the
+    transport was closed) without the pure finaliser's frame."""
+    if (is_socket_transport(self) and AR_SLOT(self, T_SOCK) != NULL
+            and AR_SLOT(self, T_CONN_LOST) != NULL
+            and (get(self, T_SOCK) is None or get(self, T_CONN_LOST))):
+        return
+    _PySocketTransport.__del__(self)
