@@ -21,7 +21,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from ._config import ENV_PREFIX, Config, resolve
+from ._config import ENV_PREFIX, NO_EXTENSIONS_VAR, Config, resolve
 from ._startup import token, unknown_variables
 from ._version import __version__
 
@@ -66,10 +66,20 @@ def platform_rows() -> list[tuple[str, str]]:
     ]
 
 
+def build_line() -> str:
+    """Which build a loop made here runs, and why where it is the pure one."""
+    from . import _builds  # (imports the loop: only for the report)
+
+    if _builds.BUILD == "compiled":
+        return "build: compiled (asyncio_relaxed._speedups)"
+    return f"build: pure ({_builds.WHY})" if _builds.WHY else "build: pure"
+
+
 def settings_report() -> int:
     print(f"asyncio_relaxed {__version__}")
     print(f"Python {platform.python_version()} ({platform.python_implementation()}) "
           f"on {platform.system()} {platform.release()} {platform.machine()}")
+    print(build_line())
     environ = {} if sys.flags.ignore_environment else os.environ
     try:
         config = resolve(environ=environ)
@@ -78,6 +88,9 @@ def settings_report() -> int:
         return 2
     print("\nsettings (keyword > environment > default):")
     print("\n".join(columns(settings_rows(config, environ))))
+    no_extensions = environ.get(NO_EXTENSIONS_VAR, "").strip()
+    print(f"  {NO_EXTENSIONS_VAR}={no_extensions or '(unset)'}: the pure-Python build "
+          f"when on (read when the package is imported)")
     if sys.flags.ignore_environment:
         print(f"  (python -E: {ENV_PREFIX}* variables are ignored)")
     for var, closest in unknown_variables(config, environ):

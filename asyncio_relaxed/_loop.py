@@ -106,6 +106,9 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     environment variable.
     """
 
+    #: Which build this class is of (asyncio_relaxed._builds); the startup
+    #: line, the published facts and ``python -m asyncio_relaxed`` name it.
+    _build = "pure"
     # The classes of what the loop makes: the compiled twin's loop
     # (asyncio_relaxed._speedups) names its own.
     _Counters: type[Counters] = Counters
@@ -145,7 +148,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # Time and lag accounts (with time_metrics), slow-callback reports.
         self._health = health = Health(config.time_metrics, config.slow_callback)
         super().__init__(poller)
-        _startup.announce(config, poller.backend_name)
+        _startup.announce(config, poller.backend_name, build=self._build)
         if config.stats_dir:
             publisher = Publisher(self, config.stats_dir)
             if publisher.active:  # (not when another loop of the process publishes)

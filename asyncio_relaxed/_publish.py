@@ -147,11 +147,13 @@ def format_address(address: Any) -> str:
 
 
 def facts(loop: Any) -> dict[str, Any]:
-    """What stays true of a loop while it lives: version, Python, backend, settings."""
+    """What stays true of a loop while it lives: version, Python, backend,
+    build, settings."""
     return {
         "version": __version__,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "backend": loop.statistics().backend,
+        "build": getattr(loop, "_build", "pure"),
         "settings": {name: token(value)
                      for name, _var, value, _unit, _why in loop.config.describe()},
     }

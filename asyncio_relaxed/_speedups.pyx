@@ -79,6 +79,7 @@ cdef bint CONTEXTS = _compat.PY315
 #: time_metrics: a loop that never waits ends a stretch every 32nd iteration (_loop).
 cdef long STRETCH_MASK = 31
 cdef object EVENT_READ = _poller.EVENT_READ
+cdef frozenset ROUTE_NAMES = _loop._ROUTE_NAMES
 
 from ._backends import kernel_to_mask
 
@@ -235,6 +236,73 @@ cdef class Counters:
 
 #: Every counter's name, _stats.Counters' slots.
 COUNTER_NAMES = _stats.Counters.__slots__
+
+
+# -- the loop's hot state ------------------------------------------------------
+
+cdef class LoopCore:
+    """What the compiled code reads of its loop most often, as C fields:
+    the loop's own attributes of those names (in its instance dict, where
+    stock's code reads and writes them) mirrored here by the compiled
+    Loop's __setattr__ and __delattr__, which every assignment reaches.
+    A read of one is then a load, not a lookup in the instance dict."""
+
+    cdef object ready          # _ready (stock never rebinds it)
+    cdef object selector       # _selector
+    cdef object shared         # _shared
+    cdef object health         # _health
+    cdef dict transports       # _transports.data (the WeakValueDictionary's dict)
+    cdef bint closed           # _closed
+    cdef bint debug            # _debug
+    cdef bint stopping         # _stopping
+
+    def __cinit__(self):
+        self.closed = True  # (the pure Loop's class attribute, until the base __init__)
+
+
+#: The attributes LoopCore mirrors, by name.
+cdef frozenset MIRRORED = frozenset({"_ready", "_selector", "_shared", "_health",
+                                     "_transports", "_closed", "_debug", "_stopping"})
+
+
+cdef int mirror(LoopCore core, str name, object value) except -1:
+    if name == "_closed":
+        core.closed = value
+    elif name == "_debug":
+        core.debug = value
+    elif name == "_stopping":
+        core.stopping = value
+    elif name == "_ready":
+        core.ready = value
+    elif name == "_selector":
+        core.selector = value
+    elif name == "_shared":
+        core.shared = value
+    elif name == "_health":
+        core.health = value
+    elif name == "_transports":
+        core.transports = getattr(value, "data", None) if value is not None else None
+        if type(core.transports) is not dict:
+            core.transports = None
+    return 0
+
+
+cdef Py_ssize_t LOOP_CORE  # the compiled Loop's _core slot (set once the class exists)
+
+
+cdef inline LoopCore core_of(object loop):
+    """The LoopCore of a compiled loop, or None (another loop, or one
+    whose __init__ has not run)."""
+    cdef PyObject *core
+    if not PyObject_TypeCheck(loop, <PyTypeObject *>CLoop_type):
+        return None
+    core = AR_SLOT(loop, LOOP_CORE)
+    if core == NULL:
+        return None
+    return <LoopCore>core
+
+
+cdef object CLoop_type = object  # the compiled Loop (set once the class exists)
 
 
 # -- the socket transport -------------------------------------------------------
@@ -690,6 +758,30 @@ class Loop(_PyLoop):
     """The loop with its iteration and call_soon compiled; the transports
     and the counters it makes are this module's."""
 
+    __slots__ = ("_core",)
+    _build = "compiled"
+
+    def __init__(self, *args, **kwargs):
+        ar_set(self, LOOP_CORE, LoopCore())
+        _PyLoop.__init__(self, *args, **kwargs)
+
+    def __setattr__(self, name, value):
+        # The pure Loop's __setattr__, then the mirror.
+        PyObject_GenericSetAttr(self, name, value)
+        if name in ROUTE_NAMES:
+            self._route_changed()
+        if name in MIRRORED:
+            core = core_of(self)
+            if core is not None:
+                mirror(core, name, value)
+
+    def __delattr__(self, name):
+        _PyLoop.__delattr__(self, name)
+        if name in MIRRORED:
+            core = core_of(self)
+            if core is not None:
+                mirror(core, name, getattr(self, name, None))
+
     _Counters = Counters
     _SocketTransport = SocketTransport
     _TransportShared = TransportShared
@@ -697,9 +789,12 @@ class Loop(_PyLoop):
 
     def call_soon(self, callback, *args, context=None):
         """_compat.call_soon, compiled: a Handle made with its slots set."""
-        if self._closed:
+        cdef LoopCore core = core_of(self)
+        if core is None:
+            return call_soon_pure(self, callback, *args, context=context)
+        if core.closed:
             raise RuntimeError("Event loop is closed")
-        if self._debug or events_module.Handle is not Handle:
+        if core.debug or events_module.Handle is not Handle:
             return call_soon_pure(self, callback, *args, context=context)
         handle = AR_NEW(Handle)
         ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
@@ -709,7 +804,7 @@ class Loop(_PyLoop):
         ar_set(handle, H_CANCELLED, False)
         ar_set(handle, H_REPR, None)
         ar_set(handle, H_SOURCE_TRACEBACK, None)
-        self._ready.append(handle)
+        core.ready.append(handle)
         return handle
 
     def _set_callback(self, fd, which, callback, args, context):
@@ -720,12 +815,15 @@ class Loop(_PyLoop):
         other fd."""
         cdef int epfd, error
         cdef epoll_event event
-        selector = self._selector
+        cdef LoopCore core = core_of(self)
+        if core is None:
+            return _PyLoop._set_callback(self, fd, which, callback, args, context)
+        selector = core.selector
         if type(selector) is not DeferredSelector or selector.replaced or selector.patched:
             return _PyLoop._set_callback(self, fd, which, callback, args, context)
-        if self._closed:
+        if core.closed:
             raise RuntimeError("Event loop is closed")
-        if self._debug or events_module.Handle is not Handle:
+        if core.debug or events_module.Handle is not Handle:
             handle = events_module.Handle(callback, args, self, context)
         else:
             handle = AR_NEW(Handle)
@@ -776,7 +874,10 @@ class Loop(_PyLoop):
         cdef Py_ssize_t ntodo, ran, i, sched_count
         cdef bint due = False, timed, inline_timers
         cdef double timeout_value
-        writes = self._shared
+        cdef LoopCore core = core_of(self)
+        if core is None:
+            return _PyLoop._run_once(self)
+        writes = core.shared
         if not is_shared(writes):
             return _PyLoop._run_once(self)
         cdef Counters stats = <Counters?>get(writes, S_STATS)
@@ -807,8 +908,8 @@ class Loop(_PyLoop):
             writes.flush(False)
 
         timeout = None
-        ready = self._ready
-        if (ready or self._stopping or get(writes, S_PENDING)
+        ready = core.ready
+        if (ready or core.stopping or get(writes, S_PENDING)
                 or get(writes, S_FEEDING)):
             timeout = 0
         elif scheduled:
@@ -820,8 +921,8 @@ class Loop(_PyLoop):
             timeout = timeout_value
 
         # Phase: apply interest changes, then poll.
-        selector = self._selector
-        health = self._health
+        selector = core.selector
+        health = core.health
         if type(selector).select is POLLER_SELECT and own_route(self, selector):
             timed = health.timed
             if timeout == 0 or not timed:
@@ -875,7 +976,7 @@ class Loop(_PyLoop):
         # TimerHandle when a timer joined, while their _run is stock's).
         ntodo = len(ready)
         ran = ntodo
-        timed = self._debug or health.slow
+        timed = core.debug or health.slow
         inline = not timed and Handle._run is STOCK_HANDLE_RUN
         inline_timers = inline and due and TimerHandle._run is STOCK_HANDLE_RUN
         for i in range(ntodo):
@@ -920,5 +1021,9 @@ class Loop(_PyLoop):
         # Phase: everything the callbacks wrote, and last iteration's feeds.
         if get(writes, S_PENDING) or get(writes, S_FEEDING):
             writes.flush(True)
-        if self._stopping and health.timed:
+        if core.stopping and health.timed:
             health.stopped()
+
+
+LOOP_CORE = slot(Loop, "_core")
+CLoop_type = Loop

@@ -102,7 +102,7 @@ def serving_accepted(self, listener, conn, addr):
     """Serving.accepted for a plain connection outside debug mode: _serve
     in a copy of the current context (or of the server's, 3.15)."""
     loop = self.loop
-    if loop._debug or (listener.sslcontext and not self.own_tls):
+    if loop_debug(loop) or (listener.sslcontext and not self.own_tls):
         return PyServing.accepted(self, listener, conn, addr)
     server_context = listener.context
     if server_context is None:

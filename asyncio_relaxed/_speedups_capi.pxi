@@ -76,6 +76,7 @@ cdef extern from *:
     int AR_SOCK_FD(object o)
     unsigned int AR_TYPE_TAG(object t)
 
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
     int PyContext_Enter(object ctx) except -1
     int PyContext_Exit(object ctx) except -1
     object PyContext_CopyCurrent()

@@ -49,6 +49,23 @@ cdef object STOCK_CANCEL = Handle.cancel
 cdef ClassWatch TRANSPORT_METHODS
 
 
+cdef inline bint loop_debug(object loop) except -1:
+    """loop._debug, from its LoopCore where it has one."""
+    cdef LoopCore core = core_of(loop)
+    if core is not None:
+        return core.debug
+    return loop._debug
+
+
+cdef inline dict loop_transports(object loop):
+    """loop._transports.data, the dict of the loop's weak references to its
+    transports by fd."""
+    cdef LoopCore core = core_of(loop)
+    if core is not None and core.transports is not None:
+        return core.transports
+    return <dict?>loop._transports.data
+
+
 cdef inline object transport_context(object transport):
     """The context a transport's callbacks run in (3.15's server
     connections), or None: a copy of the scheduler's, as stock's."""
@@ -106,7 +123,7 @@ def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=N
     if (server is None or peername is ASK or extra or waiter is not None
             or inherited_options is not True or not is_shared(shared)
             or type(self) is not SocketTransport or not plain_socket(sock)
-            or not TRANSPORT_METHODS.unchanged() or loop._debug):
+            or not TRANSPORT_METHODS.unchanged() or loop_debug(loop)):
         _PySocketTransport.__init__(self, loop, sock, protocol, waiter, extra, server,
                                     shared, inherited_options, context, peername, sockname)
         return
@@ -146,7 +163,7 @@ def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=N
     # _attach: the server's count, the loop's transports, the fd owned.
     ar_set(self, T_SERVER, server)
     server_attach(server, self)
-    (<dict?>loop._transports.data)[fd] = new_weakref(self)
+    loop_transports(loop)[fd] = new_weakref(self)
     own_fd(get(shared, S_POLLER), fd)
     # _schedule_start, outside debug mode: one handle.
     loop.call_soon(self._connection_made, context=context)
@@ -244,9 +261,15 @@ cdef int cancel(object handle) except -1:
 
 cdef int unwatch_for_good(object self) except -1:
     """TransportBase._unwatch_for_good: reading ends, the fd is released."""
+    cdef LoopCore core
     loop = get(self, T_LOOP)
     poller = get(get(self, T_SHARED), S_POLLER)
-    if loop._selector is not poller or poller.replaced or loop._closed:
+    core = core_of(loop)
+    if core is not None:
+        selector, closed = core.selector, core.closed
+    else:
+        selector, closed = loop._selector, loop._closed
+    if selector is not poller or poller.replaced or closed:
         self._unwatch_read()
         self._release_fd()
         return 0
@@ -279,7 +302,7 @@ def on_eof(self):
     transport stops reading or closes."""
     if not is_socket_transport(self):
         return _PySocketTransport._read_ready__on_eof(self)
-    if get(self, T_LOOP)._debug:
+    if loop_debug(get(self, T_LOOP)):
         return _PySocketTransport._read_ready__on_eof(self)
     try:
         keep_open = get(self, T_PROTOCOL).eof_received()
@@ -312,7 +335,7 @@ cdef int socket_lost(object self) except -1:
     cdef int fd_value
     fd = get(self, T_SOCK_FD)
     loop = get(self, T_LOOP)
-    transports = <dict?>loop._transports.data
+    transports = loop_transports(loop)
     reference = transports.pop(fd, None)
     if reference is not None:
         alive = reference()

@@ -39,7 +39,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ._config import ENV_PREFIX, Config
+from ._config import ENV_PREFIX, NO_EXTENSIONS_VAR, Config
 from ._version import __version__
 
 __all__ = ["announce", "logger", "server_logger", "startup_destination", "startup_line",
@@ -53,7 +53,7 @@ logger = logging.getLogger("asyncio_relaxed")
 #: handler.
 SERVER_LOGGERS = ("gunicorn.error", "uvicorn.error")
 
-_announced: set[tuple[int, Config, str]] = set()
+_announced: set[tuple[int, Config, str, str]] = set()
 _warned: set[tuple[int, str]] = set()
 
 
@@ -105,14 +105,15 @@ def token(value: Any) -> str:
     return str(value)
 
 
-def startup_line(config: Config, backend: str) -> str:
-    """``asyncio_relaxed 0.2.0 (CPython 3.12.1, epoll) in process 123:
-    write=deferred accept=balanced`` (or ``default settings``)."""
+def startup_line(config: Config, backend: str, build: str = "pure") -> str:
+    """``asyncio_relaxed 0.2.0 (CPython 3.12.1, epoll, compiled) in process
+    123: write=deferred accept=balanced`` (or ``default settings``); *build*
+    is the loop's (asyncio_relaxed._builds)."""
     default = Config()
     changed = [f"{name}={token(value)}" for name, _var, value, _unit, _why in config.describe()
                if value != getattr(default, name)]
     return (f"asyncio_relaxed {__version__} ({platform.python_implementation()} "
-            f"{platform.python_version()}, {backend}) in process {os.getpid()}: "
+            f"{platform.python_version()}, {backend}, {build}) in process {os.getpid()}: "
             + (" ".join(changed) or "default settings"))
 
 
@@ -120,7 +121,7 @@ def unknown_variables(config: Config, environ: Mapping[str, str]) -> list[tuple[
     """``ASYNCIO_RELAXED_*`` variables that name no setting (a typo, or a
     setting of another version), each with the closest known one (or None):
     the loop ignores them."""
-    known = [var for _name, var, *_rest in config.describe()]
+    known = [var for _name, var, *_rest in config.describe()] + [NO_EXTENSIONS_VAR]
     # Matched without the prefix, which every name shares.
     tails = [var[len(ENV_PREFIX):] for var in known]
     out = []
@@ -131,7 +132,8 @@ def unknown_variables(config: Config, environ: Mapping[str, str]) -> list[tuple[
     return out
 
 
-def announce(config: Config, backend: str, environ: Mapping[str, str] | None = None) -> None:
+def announce(config: Config, backend: str, environ: Mapping[str, str] | None = None,
+             build: str = "pure") -> None:
     """A new loop's startup line and warnings (each said once per process)."""
     if environ is None:
         environ = {} if sys.flags.ignore_environment else os.environ
@@ -143,9 +145,9 @@ def announce(config: Config, backend: str, environ: Mapping[str, str] | None = N
             server_logger().warning(
                 "%s is not a setting of asyncio_relaxed %s and is ignored%s",
                 var, __version__, hint)
-    key = (pid, config, backend)
+    key = (pid, config, backend, build)
     if key not in _announced:
         _announced.add(key)
         target, level = startup_destination()
         if target.isEnabledFor(level):
-            target.log(level, "%s", startup_line(config, backend))
+            target.log(level, "%s", startup_line(config, backend, build))

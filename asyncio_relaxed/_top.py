@@ -62,6 +62,7 @@ def rows(workers: Sequence[pool.Worker]) -> list[dict[str, Any]]:
             "accept": "/".join(strategies) or snapshot["settings"]["accept"],
             "rests": sum(listener["rests"] for listener in listeners),
             "time_metrics": snapshot["health"]["time_metrics"],
+            "build": snapshot.get("build", "pure"),  # (a loop older than the field: pure)
         })
     return out
 
@@ -102,7 +103,9 @@ def render(directory: str, table: Sequence[dict[str, Any]], spark_width: int = 3
     from rich.table import Table
     from rich.text import Text
 
-    grid = Table(title=f"asyncio_relaxed workers in {directory}", title_justify="left",
+    builds = "/".join(sorted({row["build"] for row in table})) or "no"
+    grid = Table(title=f"asyncio_relaxed workers in {directory} ({builds} build)",
+                 title_justify="left",
                  expand=False, header_style="bold")
     for name, justify in (("pid", "right"), ("util", "right"),
                           (f"util, last {spark_width} s", "left"), ("lag p50", "right"),

@@ -1530,7 +1530,8 @@ def test_bytecodes_child_counts_the_tls_echo(tls_dir: Path) -> None:
     assert ours["_tls:SSLTransport.write"][0] == "asyncio_relaxed"
     assert not any(fn.startswith("sslproto:") for fn in ours)
     stocks = counted("relaxed-tls-stock")
-    assert stocks["_transport:SocketTransport.write"][0] == "asyncio_relaxed"
+    if not _compiled("relaxed-tls-stock"):  # (the compiled build's write runs no bytecode)
+        assert stocks["_transport:SocketTransport.write"][0] == "asyncio_relaxed"
     assert any(where == "asyncio" and fn.startswith("sslproto:")
                for fn, (where, _) in stocks.items())
 

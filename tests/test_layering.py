@@ -53,7 +53,7 @@ ALLOWED = {
     "pool": {"_publish"},
     "metrics": {"_health", "_publish", "_stats", "pool"},
     "_top": {"_publish", "pool"},
-    "__main__": {"_config", "_startup", "_top", "_version"},
+    "__main__": {"_builds", "_config", "_startup", "_top", "_version"},
     "gunicorn": set(),  # the public API only (import asyncio_relaxed)
 }
 BOTTOM = {"_config", "_stats", "_interest", "_backends", "_poller", "_writes", "_sockets",

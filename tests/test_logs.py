@@ -471,7 +471,7 @@ def ours_adds(loop: Any, changed: str) -> Counter[Record]:
     INFO only where asked for or in a server's error log: docs/settings.md)."""
     line = (f"asyncio_relaxed {asyncio_relaxed.__version__} "
             f"({platform.python_implementation()} {platform.python_version()}, "
-            f"{loop.statistics().backend}) in process PID: {changed}")
+            f"{loop.statistics().backend}, {loop._build}) in process PID: {changed}")
     return Counter([("asyncio_relaxed", "DEBUG", line, "")])
 
 

@@ -30,8 +30,8 @@ speedups = pytest.importorskip(
 #: What the compiled build overrides, class by class: each name is a
 #: decision (the reference is the pure class's method of that name).
 OVERRIDES = {
-    "Loop": {"_Counters", "_SocketTransport", "_TransportShared", "_Serving", "call_soon",
-             "create_future",
+    "Loop": {"__init__", "__setattr__", "__delattr__", "_core", "_build", "_Counters",
+             "_SocketTransport", "_TransportShared", "_Serving", "call_soon", "create_future",
              "get_debug", "time", "_run_once", "_set_callback"},
     "SocketTransport": {"__init__", "__del__", "_connection_made", "_start_reading", "close",
                         "_read_ready__on_eof", "_call_connection_lost",
@@ -48,7 +48,8 @@ OVERRIDES = {
 
 def own_names(cls: type) -> set[str]:
     return {name for name in vars(cls)
-            if not name.startswith("__") or name in ("__init__", "__del__")}
+            if not name.startswith("__")
+            or name in ("__init__", "__del__", "__setattr__", "__delattr__")}
 
 
 def test_the_compiled_classes_override_only_their_hot_path() -> None:
@@ -61,6 +62,8 @@ def test_the_compiled_classes_override_only_their_hot_path() -> None:
         if "__slots__" in vars(pure):
             # The pure class's layout: the offsets of its slots hold.
             assert vars(cls)["__slots__"] == ()
+    # The loop's one slot, for its LoopCore (its base has an instance dict).
+    assert speedups.Loop.__slots__ == ("_core",)
 
 
 def test_the_package_chose_the_compiled_build() -> None:
@@ -286,3 +289,26 @@ def test_a_bad_no_extensions_value_fails_each_loop() -> None:
                   ASYNCIO_RELAXED_NO_EXTENSIONS="maybe")
     assert out.returncode != 0
     assert "ASYNCIO_RELAXED_NO_EXTENSIONS='maybe' is not a valid setting; allowed:" in out.stderr
+
+
+def test_the_loop_core_follows_every_assignment() -> None:
+    """The compiled code reads _closed, _debug, _stopping and the rest from
+    the loop's LoopCore, which __setattr__ and __delattr__ keep equal to the
+    loop's attributes: what stock's code assigns, the compiled code sees."""
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        assert loop.call_soon(print)._source_traceback is None
+        loop.set_debug(True)  # stock's set_debug: self._debug = enabled
+        assert loop.call_soon(print)._source_traceback  # debug mode's handle
+        loop._debug = False
+        assert loop.call_soon(print)._source_traceback is None
+        loop.call_soon(loop.stop)
+        loop.run_forever()  # _stopping set and cleared by stock's run_forever
+        ran: list[int] = []
+        loop.call_soon(ran.append, 1)
+        iterate(loop, 1)
+        assert ran == [1]
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        loop.call_soon(print)

@@ -48,9 +48,11 @@ def test_the_startup_line_names_version_backend_and_changed_settings(
     lines = [r.getMessage() for r in caplog.records if r.name == "asyncio_relaxed"]
     assert lines == [
         f"asyncio_relaxed {asyncio_relaxed.__version__} ({_impl()}, "
-        f"{loop.statistics().backend}) in process {os.getpid()}: write=deferred accept=balanced",
+        f"{loop.statistics().backend}, {loop._build}) in process {os.getpid()}: "
+        "write=deferred accept=balanced",
         f"asyncio_relaxed {asyncio_relaxed.__version__} ({_impl()}, "
-        f"{plain.statistics().backend}) in process {os.getpid()}: default settings",
+        f"{plain.statistics().backend}, {plain._build}) in process {os.getpid()}: "
+        "default settings",
     ]
     assert all(r.levelno == logging.INFO for r in caplog.records)
 
@@ -68,7 +70,8 @@ def test_with_the_level_inherited_the_startup_line_is_debug(
         asyncio_relaxed.new_event_loop(write="deferred").close()
     ours = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "asyncio_relaxed"]
     assert ours == [(logging.DEBUG, f"asyncio_relaxed {asyncio_relaxed.__version__} ({_impl()}, "
-                                    f"{_backend()}) in process {os.getpid()}: write=deferred")]
+                                    f"{_backend()}, {asyncio_relaxed.BUILD}) in process "
+                                    f"{os.getpid()}: write=deferred")]
     assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
 
 
