@@ -488,6 +488,35 @@ def test_summary_is_our_default_loop_over_each_peer() -> None:
     assert lines[-1].splitlines()[-1].startswith("fair ")
 
 
+def test_summary_has_a_row_for_each_build_of_our_default_loop() -> None:
+    """Both builds' default loops, the compiled one first, each against every
+    peer (a loop of another setting, or a run from before builds, has none)."""
+    defaults = {"write": "eager"}
+    doc = {
+        "defaults": defaults,
+        "loops": {
+            "uvloop": {"kind": "uvloop", "config": None, "version": "1"},
+            "relaxed-eager-pure": {"kind": "relaxed", "config": defaults, "version": "0",
+                                   "build": "pure"},
+            "relaxed-eager": {"kind": "relaxed", "config": defaults, "version": "0",
+                              "build": "compiled"},
+            "relaxed-deferred-pure": {"kind": "relaxed", "version": "0", "build": "pure",
+                                      "config": {"write": "deferred"}},
+        },
+        "workloads": [
+            _entry("echo", "echo-protocol", "echo", "request", {
+                "relaxed-eager-pure": {"cpu_us_per_unit": 12.0},
+                "relaxed-deferred-pure": {"cpu_us_per_unit": 13.0},
+                "relaxed-eager": {"cpu_us_per_unit": 8.0},
+                "uvloop": {"cpu_us_per_unit": 10.0}}),
+        ],
+    }
+    _, body = report.summary(doc)
+    assert [row[:5] for row in body] == [
+        ["echo", "relaxed-eager", "CPU µs/req ↓", "8.0", f"0.80{X}"],
+        ["echo", "relaxed-eager-pure", "CPU µs/req ↓", "12.0", f"1.20{X}"]]
+
+
 def test_mixed_lifetimes_are_summed_up_by_their_load_and_shown_per_worker() -> None:
     sample = {"jain": 0.9, "jain_requests": 0.6,
               "per_worker": {"connections": [3, 1], "requests": [30, 90],
@@ -837,11 +866,12 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert not runner._fits(WORKLOADS["starttls-echo-1k-c10"], "floor-tls-bio")
     assert "floor-tls-bio" not in WORKLOADS["starttls-echo-1k-c10"].loops
     # In the default set: the 1 KiB echo, aiohttp and the handshake per
-    # connection, on our default settings against the peers (no floor).
+    # connection, on our default settings (each build) against the peers
+    # (no floor).
     default = {w.name: w for w in runner.select(None, full=False)}
     assert tls_names & set(default) == {"tls-echo-1k-c10", "https-0b", "tls-churn"}
     for name in ("tls-echo-1k-c10", "https-0b", "tls-churn"):
-        assert default[name].loops == (*loops.PEERS, "relaxed-eager"), name
+        assert default[name].loops == (*loops.PEERS, "relaxed-eager", "relaxed-eager-pure"), name
 
 
 def _tls_exchange(conn: Any, payload: bytes, deadline: float) -> bytearray:

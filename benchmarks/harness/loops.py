@@ -96,6 +96,8 @@ SPECS: dict[str, LoopSpec] = {
                  {"write": "deferred", "partial_write": "poll"},
                  "relaxed-deferred on the pure-Python build", build="pure"),
         LoopSpec("relaxed-batch", "relaxed", {"accept": "batch"}, "accept up to backlog per event"),
+        LoopSpec("relaxed-batch-pure", "relaxed", {"accept": "batch"},
+                 "relaxed-batch on the pure-Python build", build="pure"),
         LoopSpec("relaxed-single", "relaxed", {"accept": "single"}, "one accept per event"),
         LoopSpec("relaxed-relaxed", "relaxed", {"accept": "relaxed"},
                  "one accept, then yield the CPU"),
@@ -166,8 +168,11 @@ PEERS = ("asyncio", *PEER_KINDS)
 #: aiofastnet's transports on stock's loop and on uvloop: peers of the
 #: workloads where transports decide (the echo and TLS workloads).
 TRANSPORT_PEERS = ("asyncio+aiofastnet", "uvloop+aiofastnet")
+#: asyncio_relaxed's default settings on the pure-Python build, beside the
+#: compiled one that "relaxed-eager" runs where it imports.
+PURE_DEFAULT = ("relaxed-eager-pure",)
 #: The loops of the I/O workloads (echo, http, pipe, small writes, idle).
-IO_LOOPS = (*PEERS, "relaxed-eager", "relaxed-deferred")
+IO_LOOPS = (*PEERS, "relaxed-eager", "relaxed-deferred", *PURE_DEFAULT, "relaxed-deferred-pure")
 #: The loops of the accept-fairness workloads.
 ACCEPT_LOOPS = ("asyncio", "uvloop", "relaxed-batch", "relaxed-single", "relaxed-relaxed",
                 "relaxed-balanced")
@@ -177,7 +182,7 @@ SUITE_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-eager-feed", "rela
                "relaxed-feed", "relaxed-eager-pure", "relaxed-deferred-pure")
 #: The loops of the TLS workloads: the peers, our default settings, the
 #: ``tls`` presets where the setting exists, and the TLS floors.
-TLS_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
+TLS_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager", *PURE_DEFAULT,
              *(n for n in SPECS if n.startswith("relaxed-tls-")), "floor-tls-bio",
              "floor-tls-socket")
 #: The loops of the UDP workloads: the peers, the aiofastnet pairings
@@ -185,7 +190,7 @@ TLS_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
 #: datagram transport), our default settings, stock's datagram transport on
 #: our loop where the setting exists, and the UDP floor.  The
 #: ``relaxed-datagram-batch-N`` presets run where named (``--loops``).
-UDP_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager",
+UDP_LOOPS = (*PEERS, *TRANSPORT_PEERS, "relaxed-eager", *PURE_DEFAULT,
              *(n for n in SPECS if n == "relaxed-datagram-stock"), "floor-udp")
 #: Every name that makes an event loop (the floors do not).
 EVENT_LOOPS = tuple(name for name, spec in SPECS.items() if spec.kind != "floor")
@@ -235,6 +240,15 @@ def missing(name: str) -> str | None:
             return (f"{name}: the pure-Python build is this asyncio_relaxed's only one here "
                     f"(the {name.removesuffix('-pure')} preset runs it)")
     return None
+
+
+def build(name: str) -> str | None:
+    """The asyncio_relaxed build relaxed loop *name* runs ("compiled" or
+    "pure"), None for another loop."""
+    spec = SPECS[preset(name)]
+    if spec.kind != "relaxed":
+        return None
+    return "pure" if spec.build == "pure" else getattr(asyncio_relaxed, "BUILD", "pure")
 
 
 def loop_class(name: str) -> type[asyncio.AbstractEventLoop]:

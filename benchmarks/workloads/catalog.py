@@ -50,9 +50,9 @@ from benchmarks.workloads.fairness import MODES, PLACEMENTS
 KiB = 1024
 MiB = 1024 * 1024
 #: The default set's loops: our default settings (write=eager,
-#: partial_write=poll; accept=batch) and the peers.
-IO_DEFAULT = (*PEERS, "relaxed-eager")
-ACCEPT_DEFAULT = (*PEERS, "relaxed-batch")
+#: partial_write=poll; accept=batch) on each build, and the peers.
+IO_DEFAULT = (*PEERS, "relaxed-eager", "relaxed-eager-pure")
+ACCEPT_DEFAULT = (*PEERS, "relaxed-batch", "relaxed-batch-pure")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +303,7 @@ WORKLOADS: dict[str, Workload] = {
                  default_loops=(*IO_DEFAULT, "relaxed-deferred"), syscalls=True),
         Workload("churn", "a new connection per 1 KiB request, 10 clients",
                  "echo-protocol", "churn", 10, unit="connection",
-                 loops=(*PEERS, "relaxed-batch", "relaxed-single"),
+                 loops=(*PEERS, "relaxed-batch", "relaxed-single", "relaxed-batch-pure"),
                  default_loops=ACCEPT_DEFAULT, syscalls=True),
         Workload("idle-2000", "server memory per idle connection, 2,000 connections",
                  "echo-protocol", "idle", 2000, unit="connection", default_loops=IO_DEFAULT),

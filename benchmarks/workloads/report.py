@@ -157,16 +157,20 @@ def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, out
 
 
-def ours(doc: dict[str, Any], entry: dict[str, Any]) -> str | None:
-    """Our default loop in *entry*: the relaxed loop run with asyncio_relaxed's
-    default settings (``doc["defaults"]``), else the first relaxed loop; never
-    an ``@base`` twin."""
+def ours(doc: dict[str, Any], entry: dict[str, Any]) -> list[str]:
+    """Our default loops in *entry*, one per build: the relaxed loops run with
+    asyncio_relaxed's default settings (``doc["defaults"]``), the compiled
+    build's first; else the first relaxed loop; never an ``@base`` twin."""
     relaxed = [n for n in entry["loops"]
                if doc["loops"].get(n, {}).get("kind") == "relaxed" and "@" not in n]
-    for name in relaxed:
-        if "defaults" in doc and doc["loops"][name].get("config") == doc["defaults"]:
-            return name
-    return relaxed[0] if relaxed else None
+    default = [n for n in relaxed
+               if "defaults" in doc and doc["loops"][n].get("config") == doc["defaults"]]
+    builds: dict[Any, str] = {}
+    for name in default:
+        builds.setdefault(doc["loops"][name].get("build"), name)
+    if builds:
+        return sorted(builds.values(), key=lambda n: doc["loops"][n].get("build") != "compiled")
+    return relaxed[:1]
 
 
 def summary(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -175,11 +179,11 @@ def summary(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     peers: list[str] = []
     picked = []
     for entry in doc["workloads"]:
-        name = ours(doc, entry)
         figure = summary_metric(entry)
-        if name is None or figure is None:
+        if figure is None:
             continue
-        picked.append((entry, name, figure))
+        for name in ours(doc, entry):
+            picked.append((entry, name, figure))
         peers += [n for n in entry["loops"]
                   if doc["loops"][n]["kind"] != "relaxed" and n not in peers]
     if any(f"{name}@base" in entry["loops"] for entry, name, _ in picked):

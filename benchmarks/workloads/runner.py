@@ -560,7 +560,7 @@ def run(
                    "order": "per workload, loops interleaved in each repeat"},
         "loops": {n: {"version": loops.version(n), "kind": loops.SPECS[n].kind,
                       "settings": dict(loops.SPECS[n].settings), "about": loops.SPECS[n].about,
-                      "config": loops.config(n),
+                      "config": loops.config(n), "build": loops.build(n),
                       **({"baseline": loops.SPECS[n].checkout} if "@" in n else {})}
                   for n in all_loops if n not in skipped},
         "defaults": loops.defaults(),
