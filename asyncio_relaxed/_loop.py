@@ -130,7 +130,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # 30 reads every attribute slower (tests/test_loop.py checks it).
         # Everything the transports need of this loop beyond stock's API (the
         # settings, the counters, the write queue): one attribute.
-        self._shared = shared = TransportShared(config, stats, poller, contexts=_compat.PY315)
+        self._shared = shared = TransportShared(config, stats, poller)
         shared.on_error = self._flush_failed
         # The listening sockets this loop serves (_serving, _accept).
         self._serving = Serving(self, config, stats, shared)

@@ -243,8 +243,8 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
     """The write end of a pipe (or a socket, or a character device), on the
     loop's write queue."""
 
-    # The write queue runs a transport's send in its context (3.15's server
-    # connections); a pipe has none, as stock's runs in none.
+    # A pipe has no context of its own (nor has stock's): the write queue
+    # runs its send in the context that queued it.
     _context = None
 
     def __init__(self, loop: Any, pipe: Any, protocol: Any, waiter: Any = None,
