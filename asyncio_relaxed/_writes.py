@@ -24,6 +24,8 @@ method                 from -> to                      when
                                                        (or feed_limit reached)
 :meth:`unqueue`        QUEUED -> IDLE                  a send before the flush
                                                        (past the high-water mark)
+:meth:`take_back`      QUEUED -> IDLE                  a close() before the flush
+                                                       finds a deferred write
 :meth:`flush`          QUEUED -> IDLE, then the send   the end of the iteration
 :meth:`emptied`        POLLING or IDLE -> IDLE         the buffer went out
 =====================  ==============================  ==========================
@@ -67,7 +69,11 @@ transport the context its send runs in, the transport's own if it has one
 (``_context``: 3.15's connections, gh-140947), else a copy of the context
 that queued it (the deferred write's; a feed retry's is the short send's,
 whose EPOLLOUT writer stock would have registered there).  Whatever the send
-starts, the EPOLLOUT writer included, starts there.
+starts, the EPOLLOUT writer included, starts there.  One end is not the
+send's: stock's ``write()`` had sent a deferred write already, so a
+``close()`` that finds one queued ends the connection itself, from the
+closer's context (``connection_lost()`` scheduled with ``call_soon``, as on
+stock); the transport takes it back (:meth:`take_back`) and sends it first.
 
 What the queue asks of a transport: ``_write_state``, ``_feeds`` (feed
 retries in a row), ``_write_now()`` (its send, on a transport set IDLE),
@@ -152,6 +158,19 @@ class WriteQueue:
         """QUEUED -> IDLE, for a send before the flush (which then skips the
         transport); whether it was QUEUED."""
         if transport._write_state == QUEUED:
+            transport._write_state = IDLE
+            return True
+        return False
+
+    @staticmethod
+    def take_back(transport: Any) -> bool:
+        """QUEUED by a deferred write -> IDLE, for a close() that sends it
+        before it ends the connection (see "Contexts"; the flush then skips
+        the transport); whether it was.  A transport whose feed retries
+        count (``_feeds``) stays QUEUED: on stock the rest of a short send
+        ends from the EPOLLOUT writer, registered in the context the queue
+        keeps for the retry."""
+        if transport._write_state == QUEUED and not transport._feeds:
             transport._write_state = IDLE
             return True
         return False

@@ -178,3 +178,17 @@ def test_a_send_runs_in_the_transports_context_or_in_the_one_that_queued_it() ->
     # Each ran in a copy: the writer's context is as it was.
     assert writer.run(var.get) == "set after the write" and var.get() == "outside"
 
+
+def test_take_back_takes_a_deferred_write_not_a_feed_retry() -> None:
+    """close() sends a deferred write itself (stock's write() had sent it);
+    a feed retry is a short send's, whose end stock leaves to EPOLLOUT."""
+    log: list[str] = []
+    queue = queue_of(log)
+    a, b = Fake("a", log), Fake("b", log)
+    assert not queue.take_back(a)  # IDLE: nothing to take
+    queue.queue(a)
+    queue.short(b)
+    assert queue.take_back(a) and a._write_state == IDLE
+    assert not queue.take_back(b) and b._write_state == QUEUED
+    queue.flush(include_feeds=True)
+    assert log == [f"send b {IDLE}"]
