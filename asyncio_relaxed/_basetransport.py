@@ -416,12 +416,20 @@ class TransportBase(Reading, _Base, metaclass=_compat.SlotsWithDict):  # type: i
         subclass's send that empties the buffer ends it otherwise)."""
         if self._closing:
             return
+        if self._buffer:
+            self._send_before_close()
+            if self._closing:  # the send failed: its end is scheduled
+                return
         self._closing = True
         self._unwatch_for_good()  # never read again: the removal goes out now, not lazily
         if not self._buffer:
             self._conn_lost += 1
             self._lost()
             self._loop.call_soon(self._call_connection_lost, None, context=self._context)
+
+    def _send_before_close(self) -> None:
+        """What close() finds buffered that stock's write() would have sent
+        already goes now (the subclass's): the end is then close()'s."""
 
     def abort(self) -> None:
         self._force_close(None)

@@ -20,6 +20,8 @@ The other methods here are the hooks stock calls (``call_soon``,
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import heapq
 import selectors
 import socket
@@ -140,8 +142,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         # 30 reads every attribute slower (tests/test_loop.py checks it).
         # Everything the transports need of this loop beyond stock's API (the
         # settings, the counters, the write queue): one attribute.
-        self._shared = shared = self._TransportShared(config, stats, poller,
-                                                          contexts=_compat.PY315)
+        self._shared = shared = self._TransportShared(config, stats, poller)
         shared.on_error = self._flush_failed
         # The listening sockets this loop serves (_serving, _accept).
         self._serving = self._Serving(self, config, stats, shared)
@@ -406,6 +407,18 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if self._shared.config.pipe is not PipeMode.OWN:
             return super()._make_write_pipe_transport(pipe, protocol, waiter, extra)
         return WritePipeTransport(self, pipe, protocol, waiter, extra, shared=self._shared)
+
+    @property
+    def _child_watcher_callback(self) -> Any:
+        """What stock's _make_subprocess_transport gives its child watcher,
+        read there in the context that makes the subprocess: stock's
+        callback, run in a copy of that context.  A pidfd watcher (3.12+)
+        reports the exit from a reader registered in that context; a
+        threaded one (3.11's, or any where the kernel has no pidfd_open)
+        from a thread, in the thread's empty context.  So process_exited,
+        and the connection_lost after it, see the maker's context whatever
+        the watcher."""
+        return functools.partial(contextvars.copy_context().run, super()._child_watcher_callback)
 
     async def start_tls(
         self,

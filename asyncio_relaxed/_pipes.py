@@ -27,11 +27,13 @@ iteration's callbacks write to a pipe leaves in one ``write`` at its end (a
 program that writes a child's stdin line by line); a write made while the
 loop is not running goes at once, as stock's.  Past the high-water mark the
 buffer is written at once in either mode, so that ``drain()`` learns to
-wait.  After a short
-write the partial_write policy decides: EPOLLOUT (stock's) or a retry on the
-next iteration.  The buffer is one ``bytearray`` (stock's), so the one
-``write`` needs no vector: a pipe's writes are small, and appending them is
-cheaper than a ``writev`` of many.
+wait.  After a short write the partial_write policy decides: EPOLLOUT
+(stock's) or a retry on the next iteration.  ``write_eof()`` (and
+``close()``) writes a deferred write still queued first: stock's ``write()``
+had written it, so the end is ``write_eof()``'s, from its context
+(:mod:`asyncio_relaxed._writes`, "Contexts").  The buffer is one
+``bytearray`` (stock's), so the one ``write`` needs no vector: a pipe's
+writes are small, and appending them is cheaper than a ``writev`` of many.
 
 The fds are not owned (:meth:`~asyncio_relaxed._poller.DeferredSelector.own`):
 a pipe's file object may be closed by its Popen, not only by the transport,
@@ -243,8 +245,8 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
     """The write end of a pipe (or a socket, or a character device), on the
     loop's write queue."""
 
-    # The write queue runs a transport's send in its context (3.15's server
-    # connections); a pipe has none, as stock's runs in none.
+    # A pipe has no context of its own (nor has stock's): the write queue
+    # runs its send in the context that queued it.
     _context = None
 
     def __init__(self, loop: Any, pipe: Any, protocol: Any, waiter: Any = None,
@@ -387,6 +389,12 @@ class WritePipeTransport(_PipeBase, _compat.FlowControlMixin,  # type: ignore[mi
         if self._closing:
             return
         assert self._pipe
+        if self._buffer and self._shared.take_back(self):
+            # A deferred write still queued: stock's write() sent it, so its
+            # end is this call's, from its context (_writes, "Contexts").
+            self._write_now()
+            if self._closing:  # the write failed: its end is scheduled
+                return
         self._closing = True
         if not self._buffer:
             self._loop._remove_reader(self._fileno)

@@ -31,13 +31,12 @@ class TransportShared(WriteQueue):
     __slots__ = ("config", "poller", "read_buffer", "read_size", "read_view", "small_read",
                  "tcp_sockopts")
 
-    def __init__(self, config: Config, stats: Counters, poller: Any, contexts: bool) -> None:
+    def __init__(self, config: Config, stats: Counters, poller: Any) -> None:
         super().__init__(
             stats,
             deferred=config.write is WriteMode.DEFERRED,
             feed=config.partial_write is PartialWrite.FEED,
             feed_limit=config.feed_limit,
-            contexts=contexts,
         )
         self.config = config
         self.poller = poller

@@ -141,6 +141,8 @@ cdef Py_ssize_t K_CLOSED = slot(_socket_module.socket, "_closed")
 cdef Py_ssize_t S_DEFERRED = slot(_PyTransportShared, "deferred")
 cdef Py_ssize_t S_FEEDING = slot(_PyTransportShared, "feeding")
 cdef Py_ssize_t S_PENDING = slot(_PyTransportShared, "pending")
+cdef Py_ssize_t S_PENDING_CONTEXTS = slot(_PyTransportShared, "pending_contexts")
+cdef Py_ssize_t S_FEEDING_CONTEXTS = slot(_PyTransportShared, "feeding_contexts")
 cdef Py_ssize_t S_READ_SIZE = slot(_PyTransportShared, "read_size")
 cdef Py_ssize_t S_STATS = slot(_PyTransportShared, "stats")
 cdef Py_ssize_t S_POLLER = slot(_PyTransportShared, "poller")
@@ -448,8 +450,12 @@ class SocketTransport(_PySocketTransport):
             ar_set(self, T_BUFFER, [data])
             ar_set(self, T_BUFFER_SIZE, size)
             stats.queued_at_once += 1
+            # WriteQueue.queue: QUEUED, with the context its send runs in.
             ar_set(self, T_WRITE_STATE, QUEUED)
             (<list?>get(shared, S_PENDING)).append(self)
+            context = transport_context(self)
+            (<list?>get(shared, S_PENDING_CONTEXTS)).append(
+                PyContext_CopyCurrent() if context is None else context)
             return
         sock = get(self, T_SOCK)
         if not plain_socket(sock):
@@ -641,19 +647,26 @@ class TransportShared(_PyTransportShared):
 
     def flush(self, include_feeds):
         """WriteQueue.flush: the send of every queued transport, in the
-        order queued."""
+        order queued, each in the context the queue kept for it."""
+        cdef list queue, contexts, feeding
+        cdef Py_ssize_t i
         if not is_shared(self):
             return _PyTransportShared.flush(self, include_feeds)
-        cdef list queue = <list?>get(self, S_PENDING)
-        cdef list feeding
+        queue = <list?>get(self, S_PENDING)
+        contexts = <list?>get(self, S_PENDING_CONTEXTS)
         ar_set(self, S_PENDING, [])
+        ar_set(self, S_PENDING_CONTEXTS, [])
         if include_feeds:
             feeding = <list?>get(self, S_FEEDING)
             if feeding:
                 queue = queue + feeding
+                contexts = contexts + <list?>get(self, S_FEEDING_CONTEXTS)
                 ar_set(self, S_FEEDING, [])
-        contexts = CONTEXTS and self.contexts
-        for transport in queue:
+                ar_set(self, S_FEEDING_CONTEXTS, [])
+        if len(queue) != len(contexts):
+            raise ValueError("the write queue's transports and contexts differ in number")
+        for i in range(len(queue)):
+            transport = queue[i]
             # The queue holds every kind of transport that writes through
             # it (pipes too): a socket transport's state is read in its slot.
             if is_socket_transport(transport):
@@ -664,12 +677,13 @@ class TransportShared(_PyTransportShared):
                 transport._write_state = IDLE
             else:
                 continue
+            context = contexts[i]
             try:
-                context = transport._context if contexts else None
-                if context is None:
+                PyContext_Enter(context)
+                try:
                     transport._write_now()
-                else:
-                    context.run(transport._write_now)
+                finally:
+                    PyContext_Exit(context)
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:

@@ -288,6 +288,10 @@ def transport_close(self):
         return
     if type(self) is not SocketTransport or not TRANSPORT_METHODS.unchanged():
         return _PySocketTransport.close(self)
+    if get(self, T_BUFFER):
+        self._send_before_close()
+        if get(self, T_CLOSING):  # the send failed: its end is scheduled
+            return
     ar_set(self, T_CLOSING, True)
     unwatch_for_good(self)
     if not get(self, T_BUFFER):

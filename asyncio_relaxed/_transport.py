@@ -43,6 +43,8 @@ iteration.
 
 ``close()`` keeps the connection until the buffer is empty, then closes;
 ``abort()`` drops the buffer.  Nothing written before ``close()`` is lost.
+A deferred write still queued goes out first, from ``close()``: stock's
+``write()`` had sent it, so the end is ``close()``'s, from its context.
 
 Error texts and the exception-handler contexts are stock asyncio's
 (``selector_events._SelectorSocketTransport``), so logs and tests read the same.
@@ -623,6 +625,12 @@ class SocketTransport(TransportBase):
     # With data buffered, close() leaves the end to the last flush or
     # EPOLLOUT that empties the buffer (_write_done): data written before
     # close() is delivered.
+
+    def _send_before_close(self) -> None:
+        # A deferred write still queued: stock's write() sent it, so its end
+        # is close()'s, from the closer's context (_writes, "Contexts").
+        if self._shared.take_back(self):
+            self._write_now()
 
     def _drop_buffer(self) -> None:
         if self._buffer:

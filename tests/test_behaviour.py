@@ -261,16 +261,19 @@ def test_write_eof_half_close(loop: asyncio.AbstractEventLoop) -> None:
     run(loop, main())
 
 
-def test_write_after_close_is_dropped(loop: asyncio.AbstractEventLoop) -> None:
+@pytest.mark.parametrize("flushed", [True, False], ids=["flushed", "same-callback"])
+def test_write_after_close_is_dropped(loop: asyncio.AbstractEventLoop, flushed: bool) -> None:
     """Once close() has scheduled connection_lost (nothing left to send),
-    stock drops later writes: the peer gets what came before, then EOF."""
+    stock drops later writes: the peer gets what came before, then EOF.
+    So too right after the write, in the same callback: stock's write() has
+    sent it, and under write=deferred close() sends it first."""
 
     async def main() -> None:
         a, b = socket.socketpair()
         proto = Recorder()
         transport = await attach(a, proto)
         transport.write(b"before")
-        for _ in range(3):  # a deferred write's flush has run
+        for _ in range(3 if flushed else 0):  # a deferred write's flush has run
             await asyncio.sleep(0)
         transport.close()
         transport.write(b"after")

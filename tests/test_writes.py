@@ -65,7 +65,8 @@ def test_flush_skips_a_transport_that_left_the_queued_state() -> None:
     a, b = Fake("a", log), Fake("b", log)
     queue.queue(a)
     queue.queue(b)
-    queue.pending.append(a)  # queued again after an early send
+    assert queue.unqueue(a)  # an early send...
+    queue.queue(a)  # ...and queued again
     b._write_state = POLLING
     queue.flush(include_feeds=False)
     assert log == [f"send a {IDLE}"]
@@ -149,20 +150,45 @@ def test_a_send_that_raises_is_reported_and_the_flush_goes_on() -> None:
         queue.flush(include_feeds=True)
 
 
-def test_sends_run_in_the_transports_context_where_contexts_are_on() -> None:
+def test_a_send_runs_in_the_transports_context_or_in_the_one_that_queued_it() -> None:
+    """Stock sends from the writer's code, and registers EPOLLOUT there after
+    a short send: a queued send runs in a copy of the context that queued it
+    (a deferred write's, a feed retry's short send's), as it was then, or in
+    the transport's own context where it has one (3.15's connections)."""
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outside")
     seen: list[str] = []
 
     def send(transport: Fake) -> None:
         seen.append(var.get())
+        var.set("set by the send")
 
-    context = contextvars.copy_context()
-    context.run(var.set, "the connection's")
-    for contexts in (True, False):
-        queue = _writes.WriteQueue(Counters(), deferred=True, feed=False,
-                                   feed_limit=1, contexts=contexts)
-        transport = Fake("a", [], send)
-        transport._context = context
-        queue.queue(transport)
-        queue.flush(include_feeds=True)
-    assert seen == ["the connection's", "outside"]
+    queue = _writes.WriteQueue(Counters(), deferred=True, feed=True, feed_limit=1)
+    writer = contextvars.copy_context()
+    a, b, c = Fake("a", [], send), Fake("b", [], send), Fake("c", [], send)
+    writer.run(var.set, "the writer's")
+    writer.run(queue.queue, a)
+    writer.run(queue.short, b)
+    writer.run(var.set, "set after the write")
+    own = contextvars.copy_context()
+    own.run(var.set, "the connection's")
+    c._context = own
+    queue.queue(c)
+    queue.flush(include_feeds=True)
+    assert seen == ["the writer's", "the connection's", "the writer's"]  # a, c, then b
+    # Each ran in a copy: the writer's context is as it was.
+    assert writer.run(var.get) == "set after the write" and var.get() == "outside"
+
+
+def test_take_back_takes_a_deferred_write_not_a_feed_retry() -> None:
+    """close() sends a deferred write itself (stock's write() had sent it);
+    a feed retry is a short send's, whose end stock leaves to EPOLLOUT."""
+    log: list[str] = []
+    queue = queue_of(log)
+    a, b = Fake("a", log), Fake("b", log)
+    assert not queue.take_back(a)  # IDLE: nothing to take
+    queue.queue(a)
+    queue.short(b)
+    assert queue.take_back(a) and a._write_state == IDLE
+    assert not queue.take_back(b) and b._write_state == QUEUED
+    queue.flush(include_feeds=True)
+    assert log == [f"send b {IDLE}"]
