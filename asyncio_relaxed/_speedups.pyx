@@ -257,6 +257,7 @@ cdef class LoopCore:
     cdef bint closed           # _closed
     cdef bint debug            # _debug
     cdef bint stopping         # _stopping
+    cdef bint patched          # a method of the loop's was replaced on the instance
 
     def __cinit__(self):
         self.closed = True  # (the pure Loop's class attribute, until the base __init__)
@@ -268,7 +269,11 @@ cdef frozenset MIRRORED = frozenset({"_ready", "_selector", "_shared", "_health"
 
 
 cdef int mirror(LoopCore core, str name, object value) except -1:
-    if name == "_closed":
+    if name in LOOP_METHOD_NAMES:
+        # The compiled code calls these directly only while none is
+        # replaced on the instance (a test's mock), and never after.
+        core.patched = True
+    elif name == "_closed":
         core.closed = value
     elif name == "_debug":
         core.debug = value
@@ -290,6 +295,24 @@ cdef int mirror(LoopCore core, str name, object value) except -1:
 
 
 cdef Py_ssize_t LOOP_CORE  # the compiled Loop's _core slot (set once the class exists)
+#: The compiled Loop's methods the compiled code calls directly (see
+#: direct_loop()), and the watch on its class (set once it exists).
+cdef frozenset LOOP_METHOD_NAMES = frozenset({"call_soon", "_set_callback"})
+cdef object LOOP_METHODS = None
+
+
+cdef inline LoopCore direct_loop(object loop):
+    """The LoopCore of *loop* if the compiled code may run its call_soon and
+    _set_callback bodies itself: a loop of the compiled class (not a
+    subclass), whose class and instance have them as they are; else None
+    (then they are called as methods)."""
+    cdef LoopCore core
+    if type(loop) is not CLoop_type:
+        return None
+    core = core_of(loop)
+    if core is None or core.patched or not (<ClassWatch>LOOP_METHODS).unchanged():
+        return None
+    return core
 
 
 cdef inline LoopCore core_of(object loop):
@@ -638,6 +661,10 @@ class Serving(_serving.Serving):
     accepted = serving_accepted
 
 
+SERVING_TYPE = Serving
+SERVING_METHODS = ClassWatch(Serving, ("accepted", "_serve"))
+
+
 # -- the write queue -------------------------------------------------------------
 
 class TransportShared(_PyTransportShared):
@@ -768,6 +795,91 @@ cdef inline bint own_route(object loop, object selector):
             and selector._epoll is not None and not selector._always_ready)
 
 
+cdef object set_callback(LoopCore core, object self, object fd, int which, object callback,
+                         object args, object context):
+    """Loop._set_callback for a compiled loop: a Handle made with its slots
+    set; a transport's new socket (owned, not registered, the kernel
+    holding nothing) made COMMON with one EPOLL_CTL_ADD written out here,
+    the poller's set_callback for any other fd."""
+    cdef int epfd
+    cdef epoll_event event
+    selector = core.selector
+    if type(selector) is not DeferredSelector or selector.replaced or selector.patched:
+        return _PyLoop._set_callback(self, fd, which, callback, args, context)
+    if core.closed:
+        raise RuntimeError("Event loop is closed")
+    if core.debug or events_module.Handle is not Handle:
+        handle = events_module.Handle(callback, args, self, context)
+    else:
+        handle = new_handle(self, callback, args, context)
+    if not which and type(fd) is int and fd >= 0 and selector._epoll is not None:
+        table = selector._table
+        states = <dict?>table.states
+        if states.get(fd) == OWNED and fd not in <dict?>table.data:
+            # InterestTable.start_common, then the ADD (DeferredSelector.set_callback).
+            del states[fd]
+            (<dict>table.data)[fd] = (handle, None)
+            (<Counters?>selector.stats).epoll_ctl_add += 1
+            event.events = EPOLLIN
+            event.data.u64 = 0
+            event.data.fd = fd
+            epfd = selector._epoll.fileno()
+            if epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event) == 0:
+                return handle
+            # Fresh again: register() knows what each refusal means.
+            table.end_common(fd, None)
+            table.own(fd)
+            selector.register(fd, EVENT_READ, (handle, None))
+            return handle
+    replaced = selector.set_callback(fd, which, handle)
+    if replaced is not None:
+        replaced.cancel()
+    return handle
+
+
+cdef inline object new_handle(object loop, object callback, object args, object context):
+    """events.Handle(callback, args, loop, context) outside debug mode, its
+    slots set as Handle.__init__ sets them (_compat.new_handle's)."""
+    handle = AR_NEW(Handle)
+    ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
+    ar_set(handle, H_LOOP, loop)
+    ar_set(handle, H_CALLBACK, callback)
+    ar_set(handle, H_ARGS, args)
+    ar_set(handle, H_CANCELLED, False)
+    ar_set(handle, H_REPR, None)
+    ar_set(handle, H_SOURCE_TRACEBACK, None)
+    return handle
+
+
+cdef object call_soon(LoopCore core, object self, object callback, tuple args, object context):
+    """_compat.call_soon for a compiled loop: the handle made by new_handle()
+    and queued."""
+    if core.closed:
+        raise RuntimeError("Event loop is closed")
+    if core.debug or events_module.Handle is not Handle:
+        return call_soon_pure(self, callback, *args, context=context)
+    handle = new_handle(self, callback, args, context)
+    core.ready.append(handle)
+    return handle
+
+
+cdef object schedule(object loop, object callback, tuple args, object context):
+    """loop.call_soon(callback, *args, context=context): its body run here
+    where direct_loop() allows it."""
+    cdef LoopCore core = direct_loop(loop)
+    if core is None:
+        return loop.call_soon(callback, *args, context=context)
+    return call_soon(core, loop, callback, args, context)
+
+
+cdef object register_reader(object loop, object fd, object callback, object context):
+    """loop._set_callback(fd, 0, callback, (), context), the same way."""
+    cdef LoopCore core = direct_loop(loop)
+    if core is None:
+        return loop._set_callback(fd, 0, callback, (), context)
+    return set_callback(core, loop, fd, 0, callback, (), context)
+
+
 class Loop(_PyLoop):
     """The loop with its iteration and call_soon compiled; the transports
     and the counters it makes are this module's."""
@@ -784,7 +896,7 @@ class Loop(_PyLoop):
         PyObject_GenericSetAttr(self, name, value)
         if name in ROUTE_NAMES:
             self._route_changed()
-        if name in MIRRORED:
+        if name in MIRRORED or name in LOOP_METHOD_NAMES:
             core = core_of(self)
             if core is not None:
                 mirror(core, name, value)
@@ -806,71 +918,15 @@ class Loop(_PyLoop):
         cdef LoopCore core = core_of(self)
         if core is None:
             return call_soon_pure(self, callback, *args, context=context)
-        if core.closed:
-            raise RuntimeError("Event loop is closed")
-        if core.debug or events_module.Handle is not Handle:
-            return call_soon_pure(self, callback, *args, context=context)
-        handle = AR_NEW(Handle)
-        ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
-        ar_set(handle, H_LOOP, self)
-        ar_set(handle, H_CALLBACK, callback)
-        ar_set(handle, H_ARGS, args)
-        ar_set(handle, H_CANCELLED, False)
-        ar_set(handle, H_REPR, None)
-        ar_set(handle, H_SOURCE_TRACEBACK, None)
-        core.ready.append(handle)
-        return handle
+        return call_soon(core, self, callback, args, context)
 
     def _set_callback(self, fd, which, callback, args, context):
-        """Loop._set_callback (the readers' and writers' registration): a
-        Handle made with its slots set; a transport's new socket (owned,
-        not registered, the kernel holding nothing) made COMMON with one
-        EPOLL_CTL_ADD written out here, the poller's set_callback for any
-        other fd."""
-        cdef int epfd, error
-        cdef epoll_event event
+        """Loop._set_callback (the readers' and writers' registration), by
+        set_callback()."""
         cdef LoopCore core = core_of(self)
         if core is None:
             return _PyLoop._set_callback(self, fd, which, callback, args, context)
-        selector = core.selector
-        if type(selector) is not DeferredSelector or selector.replaced or selector.patched:
-            return _PyLoop._set_callback(self, fd, which, callback, args, context)
-        if core.closed:
-            raise RuntimeError("Event loop is closed")
-        if core.debug or events_module.Handle is not Handle:
-            handle = events_module.Handle(callback, args, self, context)
-        else:
-            handle = AR_NEW(Handle)
-            ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
-            ar_set(handle, H_LOOP, self)
-            ar_set(handle, H_CALLBACK, callback)
-            ar_set(handle, H_ARGS, args)
-            ar_set(handle, H_CANCELLED, False)
-            ar_set(handle, H_REPR, None)
-            ar_set(handle, H_SOURCE_TRACEBACK, None)
-        if not which and type(fd) is int and fd >= 0 and selector._epoll is not None:
-            table = selector._table
-            states = <dict?>table.states
-            if states.get(fd) == OWNED and fd not in <dict?>table.data:
-                # InterestTable.start_common, then the ADD (DeferredSelector.set_callback).
-                del states[fd]
-                (<dict>table.data)[fd] = (handle, None)
-                (<Counters?>selector.stats).epoll_ctl_add += 1
-                event.events = EPOLLIN
-                event.data.u64 = 0
-                event.data.fd = fd
-                epfd = selector._epoll.fileno()
-                if epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event) == 0:
-                    return handle
-                # Fresh again: register() knows what each refusal means.
-                table.end_common(fd, None)
-                table.own(fd)
-                selector.register(fd, EVENT_READ, (handle, None))
-                return handle
-        replaced = selector.set_callback(fd, which, handle)
-        if replaced is not None:
-            replaced.cancel()
-        return handle
+        return set_callback(core, self, fd, which, callback, args, context)
 
     def create_future(self):
         """BaseEventLoop.create_future without its frame: a Future of
@@ -1041,3 +1097,4 @@ class Loop(_PyLoop):
 
 LOOP_CORE = slot(Loop, "_core")
 CLoop_type = Loop
+LOOP_METHODS = ClassWatch(Loop, ("call_soon", "_set_callback"))

@@ -28,6 +28,26 @@ cdef Py_ssize_t L_PROTO = slot(PyListener, "proto")
 cdef Py_ssize_t L_FAILING = slot(PyListener, "failing")
 cdef Py_ssize_t L_ACCEPTED = slot(PyListener, "accepted")
 cdef Py_ssize_t L_STATE = slot(PyListener, "state")
+cdef Py_ssize_t L_SSLCONTEXT = slot(PyListener, "sslcontext")
+cdef Py_ssize_t L_CONTEXT = slot(PyListener, "context")
+cdef Py_ssize_t L_PROTOCOL_FACTORY = slot(PyListener, "protocol_factory")
+cdef Py_ssize_t L_SERVER = slot(PyListener, "server")
+cdef Py_ssize_t L_INHERITS = slot(PyListener, "inherits")
+cdef Py_ssize_t L_SOCKNAME = slot(PyListener, "sockname")
+# Serving's.
+cdef Py_ssize_t V_LOOP = slot(PyServing, "loop")
+cdef Py_ssize_t V_OWN_TLS = slot(PyServing, "own_tls")
+cdef Py_ssize_t V_SHARED = slot(PyServing, "shared")
+
+
+#: The compiled Serving, and the methods accept_one runs inline (set once
+#: the class exists, in _speedups.pyx).
+cdef object SERVING_TYPE = None
+cdef ClassWatch SERVING_METHODS
+
+
+cdef inline bint is_serving(object o) noexcept:
+    return PyObject_TypeCheck(o, <PyTypeObject *>PyServing)
 
 
 cdef inline bint is_listener(object o) noexcept:
@@ -65,7 +85,11 @@ def accept_one(self):
         return STARVED
     ar_set(self, L_FAILING, False)
     ar_set(self, L_ACCEPTED, get(self, L_ACCEPTED) + 1)
-    get(self, L_HOST).accepted(self, conn, addr)
+    host = get(self, L_HOST)
+    if type(host) is SERVING_TYPE and SERVING_METHODS.unchanged():
+        serving_accepted(host, self, conn, addr)
+    else:
+        host.accepted(self, conn, addr)
     return CONNECTION
 
 
@@ -101,10 +125,12 @@ def take_queued(self):
 def serving_accepted(self, listener, conn, addr):
     """Serving.accepted for a plain connection outside debug mode: _serve
     in a copy of the current context (or of the server's, 3.15)."""
-    loop = self.loop
-    if loop_debug(loop) or (listener.sslcontext and not self.own_tls):
+    if not is_serving(self) or not is_listener(listener):
         return PyServing.accepted(self, listener, conn, addr)
-    server_context = listener.context
+    loop = get(self, V_LOOP)
+    if loop_debug(loop) or (get(listener, L_SSLCONTEXT) and not get(self, V_OWN_TLS)):
+        return PyServing.accepted(self, listener, conn, addr)
+    server_context = get(listener, L_CONTEXT)
     if server_context is None:
         context = PyContext_CopyCurrent()
         PyContext_Enter(context)
@@ -125,14 +151,15 @@ cdef object serve(object self, object loop, object listener, object conn, object
                   object context):
     """Serving._serve: the protocol and its transport (a TLS listener's
     connection is the pure method's)."""
-    if listener.sslcontext:
+    if get(listener, L_SSLCONTEXT):
         return PyServing._serve(self, listener, conn, addr, context)
     protocol = transport = None
     try:
-        protocol = listener.protocol_factory()
-        transport = loop._SocketTransport(loop, conn, protocol, None, None, listener.server,
-                                          self.shared, listener.inherits, context, addr,
-                                          listener.sockname)
+        protocol = get(listener, L_PROTOCOL_FACTORY)()
+        transport = loop._SocketTransport(loop, conn, protocol, None, None,
+                                          get(listener, L_SERVER), get(self, V_SHARED),
+                                          get(listener, L_INHERITS), context, addr,
+                                          get(listener, L_SOCKNAME))
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:

@@ -37,8 +37,7 @@ cdef object DEFAULT_LOW_WATER = _basetransport._DEFAULT_LOW_WATER
 cdef dict SERVER_SOCKNAMES = _basetransport._SERVER_SOCKNAMES
 cdef dict PEER_HOSTS = _basetransport._PEER_HOSTS
 cdef object remember = _basetransport._remember
-cdef object server_attach = _compat.server_attach
-cdef object server_detach = _compat.server_detach
+cdef bint SERVER_TAKES_TRANSPORT = _compat._ATTACH_TAKES_TRANSPORT  # (server_attach's gate)
 cdef object C_CLOSE = _socket.socket.close
 cdef object BufferedProtocol = asyncio.BufferedProtocol
 cdef object new_weakref = weakref.ref
@@ -162,11 +161,14 @@ def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=N
     ar_set(self, T_FEEDS, 0)
     # _attach: the server's count, the loop's transports, the fd owned.
     ar_set(self, T_SERVER, server)
-    server_attach(server, self)
+    if SERVER_TAKES_TRANSPORT:  # _compat.server_attach, without its frame
+        server._attach(self)
+    else:
+        server._attach()
     loop_transports(loop)[fd] = new_weakref(self)
     own_fd(get(shared, S_POLLER), fd)
     # _schedule_start, outside debug mode: one handle.
-    loop.call_soon(self._connection_made, context=context)
+    schedule(loop, self._connection_made, (), context)
 
 
 def connection_made(self):
@@ -210,8 +212,7 @@ def start_reading(self):
         method = self._read_ready__get_buffer
     else:
         method = self._read_ready__data_received
-    get(self, T_LOOP)._set_callback(get(self, T_SOCK_FD), 0, method, (),
-                                    transport_context(self))
+    register_reader(get(self, T_LOOP), get(self, T_SOCK_FD), method, transport_context(self))
 
 
 cdef object release_reader(object loop, object poller, object fd):
@@ -297,8 +298,8 @@ def transport_close(self):
     if not get(self, T_BUFFER):
         ar_set(self, T_CONN_LOST, get(self, T_CONN_LOST) + 1)
         ar_set(self, T_WRITE_GUARD, True)  # SocketTransport._lost
-        get(self, T_LOOP).call_soon(self._call_connection_lost, None,
-                                    context=transport_context(self))
+        schedule(get(self, T_LOOP), self._call_connection_lost, (None,),
+                 transport_context(self))
 
 
 def on_eof(self):
@@ -359,7 +360,10 @@ cdef int socket_lost(object self) except -1:
     server = get(self, T_SERVER)
     if server is not None:
         ar_set(self, T_SERVER, None)
-        server_detach(server, self)
+        if SERVER_TAKES_TRANSPORT:  # _compat.server_detach, without its frame
+            server._detach(self)
+        else:
+            server._detach()
     waiter = get(self, T_EMPTY_WAITER)
     if waiter is not None and not waiter.done():
         waiter.set_exception(ConnectionError("Connection is closed by peer"))

@@ -297,6 +297,7 @@ def test_the_loop_core_follows_every_assignment() -> None:
     loop's attributes: what stock's code assigns, the compiled code sees."""
     loop = asyncio_relaxed.new_event_loop()
     try:
+        loop.set_debug(False)  # (PYTHONASYNCIODEBUG may have set it)
         assert loop.call_soon(print)._source_traceback is None
         loop.set_debug(True)  # stock's set_debug: self._debug = enabled
         assert loop.call_soon(print)._source_traceback  # debug mode's handle
@@ -312,3 +313,48 @@ def test_the_loop_core_follows_every_assignment() -> None:
         loop.close()
     with pytest.raises(RuntimeError, match="Event loop is closed"):
         loop.call_soon(print)
+
+
+def test_a_loop_method_replaced_on_the_instance_is_called() -> None:
+    """The compiled transport runs its loop's call_soon and _set_callback
+    bodies itself only while nobody replaced them: a test's wrapper on the
+    instance sees every call of an accepted connection's life, as on the
+    pure build."""
+    loop = asyncio_relaxed.new_event_loop()
+    seen: list[str] = []
+    stock_call_soon = loop.call_soon
+    stock_set_callback = loop._set_callback
+
+    def call_soon(callback: Any, *args: Any, context: Any = None) -> Any:
+        seen.append(getattr(callback, "__name__", ""))
+        return stock_call_soon(callback, *args, context=context)
+
+    def set_callback(*args: Any) -> Any:
+        seen.append("_set_callback")
+        return stock_set_callback(*args)
+
+    async def main() -> None:
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+        loop.call_soon = call_soon  # type: ignore[method-assign]
+        loop._set_callback = set_callback  # type: ignore[method-assign]
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        client.sendall(b"ping")
+        client.setblocking(False)
+        while True:
+            try:
+                assert client.recv(10) == b"ping"
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+        client.close()
+        while "call_connection_lost" not in seen:
+            await asyncio.sleep(0.001)
+        server.close()
+        await server.wait_closed()
+
+    try:
+        run(loop, main())
+        # The accept path's connection_made and reader, then the end.
+        assert {"connection_made", "_set_callback", "call_connection_lost"} <= set(seen), seen
+    finally:
+        loop.close()
