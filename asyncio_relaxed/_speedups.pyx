@@ -613,34 +613,32 @@ TRANSPORT_METHODS = ClassWatch(SocketTransport, (
 include "_speedups_accept.pxi"
 
 
-class BatchListener(_accept.BatchListener):
-    __slots__ = ()
-    accept_one = accept_one
-    burst = burst
-    take_queued = take_queued
-    ready = take_queued
+class CompiledAccept:
+    """The compiled accept, before each strategy's pure class in its MRO
+    (no slots of its own: the pure Listener's layout holds)."""
 
-
-class SingleListener(_accept.SingleListener):
-    __slots__ = ()
-    accept_one = accept_one
-    burst = burst
-    take_queued = take_queued
-    ready = accept_one
-
-
-class RelaxedListener(_accept.RelaxedListener):
     __slots__ = ()
     accept_one = accept_one
     burst = burst
     take_queued = take_queued
 
 
-class BalancedListener(_accept.BalancedListener):
+class BatchListener(CompiledAccept, _accept.BatchListener):
     __slots__ = ()
-    accept_one = accept_one
-    burst = burst
-    take_queued = take_queued
+    ready = take_queued  # (the pure class binds its take_queued by value)
+
+
+class SingleListener(CompiledAccept, _accept.SingleListener):
+    __slots__ = ()
+    ready = accept_one  # (the pure class binds its accept_one by value)
+
+
+class RelaxedListener(CompiledAccept, _accept.RelaxedListener):
+    __slots__ = ()
+
+
+class BalancedListener(CompiledAccept, _accept.BalancedListener):
+    __slots__ = ()
 
 
 #: The compiled listener of each accept strategy (_accept.listener_class's).
