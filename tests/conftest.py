@@ -142,6 +142,39 @@ def _collect_after_module() -> Iterator[None]:
         collect_garbage()
 
 
+#: The loop table's presets of the pure build.
+PURE_PRESETS = tuple(name for name, spec in SPECS.items() if spec.build == "pure")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--without-pure", action="store_true",
+        help="leave out the tests parametrized with a pure-build preset (relaxed-*-pure): "
+             ".ci/run does on the Pythons and in the modes where they would run what "
+             "another run covers")
+
+
+def _names_a_pure_preset(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.startswith(PURE_PRESETS)
+    if isinstance(value, tuple):
+        return any(_names_a_pure_preset(part) for part in value)
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--without-pure"):
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        (drop if any(_names_a_pure_preset(v) for v in params) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture
 def loop_errors() -> LoopErrors:
     return LoopErrors()
