@@ -258,9 +258,15 @@ cdef class LoopCore:
     cdef bint debug            # _debug
     cdef bint stopping         # _stopping
     cdef bint patched          # a method of the loop's was replaced on the instance
+    # The array epoll_wait fills (wait_readers), grown to the fds registered.
+    cdef epoll_event *events
+    cdef int capacity
 
     def __cinit__(self):
         self.closed = True  # (the pure Loop's class attribute, until the base __init__)
+
+    def __dealloc__(self):
+        free(self.events)
 
 
 #: The attributes LoopCore mirrors, by name.
@@ -719,17 +725,15 @@ class TransportShared(_PyTransportShared):
 
 # -- the loop ------------------------------------------------------------------
 
-cdef epoll_event *events_buffer = NULL
-cdef int events_capacity = 0
-
-
-cdef object wait_readers(object selector, object timeout, Counters stats, object ready):
+cdef object wait_readers(LoopCore core, object selector, object timeout, Counters stats,
+                         object ready):
     """DeferredSelector.ready_readers, compiled: the wait in epoll_wait
-    into a C array, then each event that is input alone on a COMMON fd
-    appends its reader to *ready*; the other events are returned as
-    (fd, data, mask) through the poller's own _cut (None: interrupted)."""
-    global events_buffer, events_capacity
+    into the loop's C array (its own: loops in other threads wait at the
+    same time, without the GIL), then each event that is input alone on a
+    COMMON fd appends its reader to *ready*; the other events are returned
+    as (fd, data, mask) through the poller's own _cut (None: interrupted)."""
     cdef int ms, n, i, fd, maxevents, epfd, delivered
+    cdef epoll_event *events
     cdef unsigned int kmask
     cdef double seconds
     cdef dict datas = selector._data
@@ -750,18 +754,19 @@ cdef object wait_readers(object selector, object timeout, Counters stats, object
                 ms += 1
     stats.poll_waits += 1
     maxevents = len(datas) or 1
-    if maxevents > events_capacity:
-        memory = <epoll_event *>realloc(events_buffer, maxevents * sizeof(epoll_event))
+    if maxevents > core.capacity:
+        memory = <epoll_event *>realloc(core.events, maxevents * sizeof(epoll_event))
         if memory == NULL:
             raise MemoryError()
-        events_buffer = memory
-        events_capacity = maxevents
+        core.events = memory
+        core.capacity = maxevents
+    events = core.events
     epfd = selector._epoll.fileno()
     if ms == 0:
-        n = epoll_wait(epfd, events_buffer, maxevents, 0)
+        n = epoll_wait(epfd, events, maxevents, 0)
     else:
         with nogil:
-            n = epoll_wait(epfd, events_buffer, maxevents, ms)
+            n = epoll_wait(epfd, events, maxevents, ms)
     if n <= 0:
         if n < 0:
             if errno != EINTR:
@@ -771,8 +776,8 @@ cdef object wait_readers(object selector, object timeout, Counters stats, object
     rest = []
     delivered = n
     for i in range(n):
-        fd = events_buffer[i].data.fd
-        kmask = events_buffer[i].events
+        fd = events[i].data.fd
+        kmask = events[i].events
         if kmask == EPOLLIN and fd not in states:
             data = datas.get(fd)
             if type(data) is tuple:  # (a COMMON fd's data is its (reader, None))
@@ -994,18 +999,18 @@ class Loop(_PyLoop):
         if type(selector).select is POLLER_SELECT and own_route(self, selector):
             timed = health.timed
             if timeout == 0 or not timed:
-                rest = wait_readers(selector, timeout, stats, ready)
+                rest = wait_readers(core, selector, timeout, stats, ready)
                 if timed and not stats.iterations & STRETCH_MASK:
                     now = health.stretch_end()
                     if health.publisher is not None:
                         health.publisher.due(now, 0)
             else:
-                rest = wait_readers(selector, 0, stats, ready)
+                rest = wait_readers(core, selector, 0, stats, ready)
                 if not rest and not ready:
                     waited = health.stretch_end()
                     if health.publisher is not None:
                         timeout = health.publisher.due(waited, timeout)
-                    rest = wait_readers(selector, timeout, stats, ready)
+                    rest = wait_readers(core, selector, timeout, stats, ready)
                     health.waited(waited)
             if rest:
                 self._process_rest(rest)

@@ -363,3 +363,60 @@ def test_a_loop_method_replaced_on_the_instance_is_called() -> None:
         assert {"connection_made", "_set_callback", "call_connection_lost"} <= set(seen), seen
     finally:
         loop.close()
+
+
+def test_loops_in_two_threads_wait_at_once() -> None:
+    """Each loop waits in epoll_wait into an array of its own, without the
+    GIL: a loop in another thread that registers more sockets meanwhile
+    (and so needs a larger array) must not touch the one being waited in
+    (a shared array crashed test_subprocess' pidfd test, whose loops run in
+    two threads)."""
+    import threading
+
+    waiting = threading.Event()
+    woken = threading.Event()
+    a, b = socket.socketpair()
+    results: list[bytes] = []
+
+    def first() -> None:
+        loop = asyncio_relaxed.new_event_loop()
+        try:
+            transport, peer = _echo_pair(loop)  # registered: a small array
+            reader = asyncio.Event()
+
+            def readable() -> None:
+                results.append(a.recv(10))
+                reader.set()
+
+            loop.add_reader(a.fileno(), readable)
+            waiting.set()
+            loop.run_until_complete(asyncio.wait_for(reader.wait(), 10))  # waits in epoll_wait
+            loop.remove_reader(a.fileno())
+            transport.close()
+            iterate(loop, 2)
+            peer.close()
+        finally:
+            woken.set()
+            loop.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert waiting.wait(10)
+    other = asyncio_relaxed.new_event_loop()
+    pairs = [socket.socketpair() for _ in range(64)]
+    try:
+        for left, _right in pairs:
+            other.add_reader(left.fileno(), lambda: None)
+        iterate(other, 3)  # its wait grows its array to 64 events
+        b.send(b"wake")
+        assert woken.wait(10)
+        thread.join(10)
+        assert results == [b"wake"]
+    finally:
+        for left, right in pairs:
+            other.remove_reader(left.fileno())
+            left.close()
+            right.close()
+        other.close()
+        a.close()
+        b.close()
