@@ -3,13 +3,18 @@
 On PyPy the suite is PyPy's own test.test_asyncio on PyPy's stock loop.
 
     python -m tests.conformance.runner [--python PATH ...]
-        [--modes stock,eager,deferred,eager-pure] [--modules test_events ...] [--jobs 2]
-        [--timeout 600] [--test-timeout 60] [--json out.json] [--logdir DIR]
+        [--modes stock,eager,deferred,eager-pure] [--pure-on PATH ...]
+        [--modules test_events ...] [--jobs 2] [--timeout 600] [--test-timeout 60]
+        [--stock-from earlier.json] [--json out.json] [--logdir DIR]
 
 One swap.py process per (python, module, mode).  A relaxed mode is a write
 setting (eager, deferred) on the build the package chose (compiled on
 CPython); with ``-pure`` after it, on the pure-Python build
-(ASYNCIO_RELAXED_NO_EXTENSIONS=1).  Exit status is 0 only if every
+(ASYNCIO_RELAXED_NO_EXTENSIONS=1); ``--pure-on PATH`` adds each relaxed
+mode's ``-pure`` twin on that interpreter alone, in the same pool and
+against the same stock run.  ``--stock-from`` takes the stock runs of an
+earlier ``--json`` (a rerun under one of our settings, which the stock loop
+does not read).  Exit status is 0 only if every
 relaxed run matches stock (passed, skipped, failed+errors) and created loops.
 A test that runs past --test-timeout is reported by name as hung (a failure),
 and the module goes on after it in a new process.
@@ -212,6 +217,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600, help="per-process seconds")
     # Stock's slowest single test takes ~5 s here.
     ap.add_argument("--test-timeout", type=float, default=60, help="per-test seconds")
+    ap.add_argument("--pure-on", action="append", default=[], metavar="PATH",
+                    help="on this --python, run each relaxed mode on the pure build too "
+                    "(MODE-pure; repeatable)")
+    ap.add_argument("--stock-from", metavar="JSON",
+                    help="take each stock run from this earlier --json where it has one "
+                    "(the same interpreter and module) instead of running it again")
     ap.add_argument("--json", help="save all results here")
     ap.add_argument("--logdir", help="per-run logs (default: a new temp dir)")
     a = ap.parse_args()
@@ -222,6 +233,22 @@ def main() -> int:
                                  key=lambda p: [int(x) for x in p.split("/")[-3].split(".")])
     pythons = pythons or [sys.executable]
 
+    unknown = sorted(set(a.pure_on) - set(pythons))
+    if unknown:
+        ap.error(f"--pure-on {unknown[0]} is not one of the --python interpreters")
+    twins = [m + PURE for m in modes if m != "stock" and not m.endswith(PURE)]
+    columns = modes + [m for m in twins if a.pure_on and m not in modes]
+
+    def modes_of(py: str) -> list[str]:
+        return modes + [m for m in twins if m not in modes] if py in a.pure_on else modes
+
+    reused: dict[Key, dict] = {}
+    if a.stock_from:
+        with open(a.stock_from) as fh:
+            reused = {(r["python_path"], r["module"], "stock"): r for r in json.load(fh)
+                      if r.get("run_mode") == "stock" and "module" in r
+                      and not r.get("error")}
+
     versions: dict[str, str] = {}
     jobs: list[Key] = []
     for py in pythons:
@@ -230,16 +257,20 @@ def main() -> int:
             print(f"SKIP {py}: no test.test_asyncio ({present[0]})")
             continue
         versions[py] = version
-        jobs += [(py, m, mode) for m in a.modules if m in present for mode in modes]
+        jobs += [(py, m, mode) for m in a.modules if m in present for mode in modes_of(py)]
         missing = [m for m in a.modules if m not in present]
         if missing:
             print(f"note: {version} lacks {', '.join(missing)}")
     jobs.sort(key=lambda k: -COST.get(k[1], 5))  # longest first packs the pool better
-    print(f"{len(jobs)} runs, {a.jobs} at a time, logs in {logdir}", flush=True)
+    res: dict[Key, dict] = {k: reused[k] for k in jobs if k in reused}
+    jobs = [k for k in jobs if k not in res]
+    print(f"{len(jobs)} runs, {a.jobs} at a time, logs in {logdir}"
+          + (f"; {len(res)} stock runs from {a.stock_from}" if a.stock_from else ""),
+          flush=True)
     t0 = time.monotonic()
     with ThreadPoolExecutor(a.jobs) as pool:
         futs = {k: pool.submit(run_one, *k, a.timeout, a.test_timeout, logdir) for k in jobs}
-        res = {k: f.result() for k, f in futs.items()}
+        res.update({k: f.result() for k, f in futs.items()})
 
     ok, regressions = True, {}
     expected: set[tuple[str, str]] = set()
@@ -247,11 +278,11 @@ def main() -> int:
         return ("ERR" if r.get("error") else "{}/{}/{}".format(*outcome(r))) + f" {r['wall']:.0f}s"
 
     width = max([8, *map(len, versions.values())])
-    hdr = f"{'python':{width}} {'module':20} " + " ".join(f"{m + ' p/s/f':>20}" for m in modes)
+    hdr = f"{'python':{width}} {'module':20} " + " ".join(f"{m + ' p/s/f':>20}" for m in columns)
     print("\n" + hdr + f" {'loops':>11}  diff\n" + "-" * (len(hdr) + 18))
     for py, version in versions.items():
         for mod in (m for m in a.modules if (py, m, modes[0]) in res):
-            row = {m: res[(py, mod, m)] for m in modes}
+            row = {m: res[(py, mod, m)] for m in modes_of(py)}
             marks = []
             for mode, r in row.items():
                 if r.get("error"):
@@ -297,7 +328,8 @@ def main() -> int:
                     elif not allowed:
                         marks.append(f"{mode}:flaky-only")
             loops = "/".join(str(r.get("loops_created")) for m, r in row.items() if m != "stock")
-            print(f"{version:{width}} {mod:20} " + " ".join(f"{cell(r):>20}" for r in row.values())
+            cells = (cell(row[m]) if m in row else "-" for m in columns)
+            print(f"{version:{width}} {mod:20} " + " ".join(f"{c:>20}" for c in cells)
                   + f" {loops or '-':>11}  {' '.join(marks)}")
     print(f"\ntotal wall {time.monotonic() - t0:.0f}s")
     for mode, name in sorted(expected):
@@ -308,7 +340,8 @@ def main() -> int:
               or "  (none: only skips, test counts or stock-only failures differ)")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump([{"python_path": k[0], "run_mode": k[2], **v} for k, v in res.items()],
+            json.dump([{"python_path": k[0], "module": k[1], "run_mode": k[2], **v}
+                       for k, v in res.items()],
                       fh, indent=1)
     return 0 if ok else 1
 
