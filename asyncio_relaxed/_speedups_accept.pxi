@@ -58,21 +58,42 @@ def accept_one(self):
     """Listener.accept_one: one accept(); a connection it gives is handed
     to the loop (the host's accepted())."""
     cdef Counters stats
+    cdef char peer[16]
+    cdef Py_ssize_t peer_len = 0
+    cdef int c_fd, port = 0
     if not is_listener(self):
         return PyListener.accept_one(self)
     stats = <Counters?>get(self, L_STATS)
     stats.accept += 1
     try:
         if get(self, L_PLAIN):
-            fd, addr = C_ACCEPT(get(self, L_SOCK))
-            # socket.socket(family, kind, proto, fd), its body inline (_sockets.C_NEW)
-            conn = C_NEW(socket_type)
-            C_INIT(conn, get(self, L_FAMILY), get(self, L_KIND), get(self, L_PROTO), fd)
-            ar_set(conn, K_IO_REFS, 0)
-            ar_set(conn, K_CLOSED, False)
+            family = get(self, L_FAMILY)
+            if family == AF_INET:
+                # What _socket.socket._accept and setblocking(False) do, in
+                # one accept4(): the same fd and address tuple.
+                c_fd = ar_accept_inet(AR_SOCK_FD(get(self, L_SOCK)), peer, &peer_len, &port)
+                if c_fd < 0:
+                    raise_errno()
+                addr = (PyUnicode_DecodeASCII(peer, peer_len, NULL), port)
+                # socket.socket(family, kind, proto, fd), its body inline
+                # (_sockets.C_NEW); SOCK_NONBLOCK in the kind makes the
+                # object's timeout 0, as setblocking(False) would
+                # (Modules/socketmodule.c, init_sockobject).
+                conn = C_NEW(socket_type)
+                C_INIT(conn, family, <int>get(self, L_KIND) | SOCK_NONBLOCK,
+                       get(self, L_PROTO), c_fd)
+                ar_set(conn, K_IO_REFS, 0)
+                ar_set(conn, K_CLOSED, False)
+            else:
+                fd, addr = C_ACCEPT(get(self, L_SOCK))
+                conn = C_NEW(socket_type)
+                C_INIT(conn, family, get(self, L_KIND), get(self, L_PROTO), fd)
+                ar_set(conn, K_IO_REFS, 0)
+                ar_set(conn, K_CLOSED, False)
+                conn.setblocking(False)
         else:
             conn, addr = get(self, L_SOCK).accept()
-        conn.setblocking(False)
+            conn.setblocking(False)
     except (BlockingIOError, InterruptedError):
         stats.accept_eagain += 1
         return EMPTY

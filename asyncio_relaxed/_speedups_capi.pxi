@@ -30,6 +30,8 @@ cdef extern from *:
     #include <sys/epoll.h>
     #include <sys/socket.h>
     #include <sys/uio.h>
+    #include <netinet/in.h>
+    #include <arpa/inet.h>
 
     #define AR_SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
@@ -69,6 +71,41 @@ cdef extern from *:
     /* An instance of *t* with every slot unset (object.__new__(t) without
        the call: the class's own allocator, which zeroes the slots). */
     #define AR_NEW(t) (((PyTypeObject *)(t))->tp_alloc((PyTypeObject *)(t), 0))
+
+    /* accept4() on an IPv4 listener: the connection's fd, non-blocking and
+       close-on-exec (no second call to make it non-blocking), its peer's
+       address written to *host* (at least 16 bytes; its length in
+       *host_len*, dotted quad as inet_ntop writes it, without its sprintf)
+       and port to *port*.  -1 with errno set on failure. */
+    static int ar_accept_inet(int fd, char *host, Py_ssize_t *host_len, int *port) {
+        struct sockaddr_in sa;
+        socklen_t n = sizeof(sa);
+        int conn = accept4(fd, (struct sockaddr *)&sa, &n, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (conn < 0) {
+            return -1;
+        }
+        const unsigned char *b = (const unsigned char *)&sa.sin_addr.s_addr;
+        char *p = host;
+        for (int i = 0; i < 4; i++) {
+            unsigned int v = b[i];
+            if (v >= 100) {
+                *p++ = (char)('0' + v / 100);
+                v %= 100;
+                *p++ = (char)('0' + v / 10);
+                v %= 10;
+            } else if (v >= 10) {
+                *p++ = (char)('0' + v / 10);
+                v %= 10;
+            }
+            *p++ = (char)('0' + v);
+            if (i < 3) {
+                *p++ = '.';
+            }
+        }
+        *host_len = p - host;
+        *port = ntohs(sa.sin_port);
+        return conn;
+    }
     """
     PyObject *AR_SLOT(object o, Py_ssize_t off)
     Py_ssize_t ar_member_offset(object d) except -1
@@ -86,6 +123,10 @@ cdef extern from *:
     void PyBuffer_Release(Py_buffer *view)
     enum: PyBUF_WRITABLE
     object AR_NEW(object t)
+    int ar_accept_inet(int fd, char *host, Py_ssize_t *host_len, int *port)
+    object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
+    enum: AF_INET
+    enum: SOCK_NONBLOCK
 
     # Not in libc's .pxd files.
     ctypedef union epoll_data_t:

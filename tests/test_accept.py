@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -217,6 +219,50 @@ def check_three_sockets(
         await server.wait_closed()
 
     run(loop, main())
+
+
+#: Client addresses in 127/8 (all loopback on Linux) with one-, two- and
+#: three-digit octets, 0 and 255 among them.
+PEERS = ["127.0.0.1", "127.9.10.99", "127.100.255.0", "127.255.254.253"]
+
+
+def test_accepted_connection_is_what_socket_accept_makes(loop: asyncio.AbstractEventLoop) -> None:
+    """An accepted connection's peername is the client's address and port,
+    and its socket is what ``socket.accept()`` then ``setblocking(False)``
+    leave: timeout 0, O_NONBLOCK, close-on-exec, not inheritable, its kind
+    without flags (the compiled accept makes all of it in one accept4() and
+    writes the address itself)."""
+    seen: list[tuple[Any, ...]] = []
+
+    class Peer(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            sock = transport.get_extra_info("socket")
+            sock = getattr(sock, "_sock", sock)  # stock's TransportSocket
+            flags = fcntl.fcntl(sock.fileno(), fcntl.F_GETFL)
+            seen.append((transport.get_extra_info("peername"), sock.gettimeout(),
+                         bool(flags & os.O_NONBLOCK), os.get_inheritable(sock.fileno()),
+                         bool(fcntl.fcntl(sock.fileno(), fcntl.F_GETFD) & fcntl.FD_CLOEXEC),
+                         sock.type, sock.family))
+            transport.close()
+
+    async def main() -> list[tuple[str, int]]:
+        server = await loop.create_server(Peer, "127.0.0.1", 0)
+        expected = []
+        for peer in PEERS:
+            with socket.socket() as client:
+                client.bind((peer, 0))
+                client.connect(server.sockets[0].getsockname())
+                expected.append(client.getsockname())
+                while len(seen) < len(expected):
+                    await asyncio.sleep(0.001)
+        server.close()
+        await server.wait_closed()
+        return expected
+
+    expected = run(loop, main())
+    assert [s[0] for s in seen] == expected
+    assert {s[1:] for s in seen} == {(0.0, True, False, True, socket.SOCK_STREAM,
+                                      socket.AF_INET)}
 
 
 @pytest.mark.parametrize("write", ["eager", "deferred"])
