@@ -21,6 +21,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -51,13 +52,15 @@ def _tls_state(layer: Any) -> str:
     return (engine.state if engine is not None else layer._state).name  # type: ignore[no-any-return]
 
 
-async def until(predicate: Any, what: str) -> None:
-    """Poll *predicate* once per iteration (the layer's state offers no event)."""
-    for _ in range(20000):
-        if predicate():
-            return
+async def until(predicate: Any, what: str, timeout: float = 15) -> None:
+    """Poll *predicate* once per iteration (the layer's state offers no
+    event), for up to *timeout* seconds: a peer thread that a loaded
+    machine leaves without a CPU takes longer than any count of iterations."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
         await asyncio.sleep(0)
-    raise AssertionError(f"never: {what}")
 
 
 async def pair(loop: asyncio.AbstractEventLoop, files: TlsFiles,
