@@ -68,28 +68,27 @@ def accept_one(self):
     try:
         if get(self, L_PLAIN):
             family = get(self, L_FAMILY)
+            kind = get(self, L_KIND)
             if family == AF_INET:
                 # What _socket.socket._accept and setblocking(False) do, in
-                # one accept4(): the same fd and address tuple.
+                # one accept4(): the same fd and address tuple; SOCK_NONBLOCK
+                # in the kind makes the object's timeout 0, as
+                # setblocking(False) would (Modules/socketmodule.c,
+                # init_sockobject).
                 c_fd = ar_accept_inet(AR_SOCK_FD(get(self, L_SOCK)), peer, &peer_len, &port)
                 if c_fd < 0:
                     raise_errno()
+                fd = c_fd
                 addr = (PyUnicode_DecodeASCII(peer, peer_len, NULL), port)
-                # socket.socket(family, kind, proto, fd), its body inline
-                # (_sockets.C_NEW); SOCK_NONBLOCK in the kind makes the
-                # object's timeout 0, as setblocking(False) would
-                # (Modules/socketmodule.c, init_sockobject).
-                conn = C_NEW(socket_type)
-                C_INIT(conn, family, <int>get(self, L_KIND) | SOCK_NONBLOCK,
-                       get(self, L_PROTO), c_fd)
-                ar_set(conn, K_IO_REFS, 0)
-                ar_set(conn, K_CLOSED, False)
+                kind = <int>kind | SOCK_NONBLOCK
             else:
                 fd, addr = C_ACCEPT(get(self, L_SOCK))
-                conn = C_NEW(socket_type)
-                C_INIT(conn, family, get(self, L_KIND), get(self, L_PROTO), fd)
-                ar_set(conn, K_IO_REFS, 0)
-                ar_set(conn, K_CLOSED, False)
+            # socket.socket(family, kind, proto, fd), its body inline (_sockets.C_NEW)
+            conn = C_NEW(socket_type)
+            C_INIT(conn, family, kind, get(self, L_PROTO), fd)
+            ar_set(conn, K_IO_REFS, 0)
+            ar_set(conn, K_CLOSED, False)
+            if family != AF_INET:
                 conn.setblocking(False)
         else:
             conn, addr = get(self, L_SOCK).accept()
