@@ -115,6 +115,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     # (asyncio_relaxed._speedups) names its own.
     _Counters: type[Counters] = Counters
     _SocketTransport: type[SocketTransport] = SocketTransport
+    _SSLTransport: type[SSLTransport] = SSLTransport
     _TransportShared: type[TransportShared] = TransportShared
     _Serving: type[Serving] = Serving
 
@@ -369,7 +370,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if _compat.PY314:
             self._ensure_fd_no_transport(rawsock)
         if self._shared.config.tls is TlsMode.OWN and _plain_socket(rawsock):
-            layer = SSLTransport(self, protocol, sslcontext, waiter, server_side,
+            layer = self._SSLTransport(self, protocol, sslcontext, waiter, server_side,
                                  server_hostname, **timeouts)
             self._SocketTransport(self, rawsock, layer, extra=extra, server=server,
                                   shared=self._shared, context=context)
@@ -447,7 +448,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
         if not getattr(transport, "_start_tls_compatible", False):
             raise TypeError(f"transport {transport!r} is not supported by start_tls()")
         waiter = self.create_future()
-        layer = SSLTransport(self, protocol, sslcontext, waiter, server_side, server_hostname,
+        layer = self._SSLTransport(self, protocol, sslcontext, waiter, server_side, server_hostname,
                              call_connection_made=False, **timeouts)
         # Paused first, so that no data reaches the layer before connection_made.
         transport.pause_reading()

@@ -26,7 +26,6 @@ from ._config import Config, TlsMode
 from ._shared import TransportShared
 from ._sockets import ACCEPTED_INHERIT_TCP_OPTIONS, accepted_sockname, is_tcp, set_options
 from ._stats import Counters
-from ._tls import SSLTransport
 
 __all__ = ["Serving"]
 
@@ -198,7 +197,7 @@ class Serving:
                 handshake = _Handshake(loop, protocol, self.handshakes)
                 if _compat.PY314:
                     loop._ensure_fd_no_transport(conn)
-                transport = handshake.transport = SSLTransport(
+                transport = handshake.transport = loop._SSLTransport(
                     loop, protocol, listener.sslcontext, handshake, True, None,
                     ssl_handshake_timeout=listener.timeouts[0],
                     ssl_shutdown_timeout=listener.timeouts[1],

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from . import _accept, _loop, _serving, _shared, _stats, _transport
+from . import _accept, _loop, _serving, _shared, _stats, _tls, _transport
 
 # At run time a cdef class with the same attributes, not a subclass.
 class Counters(_stats.Counters): ...
@@ -15,6 +15,8 @@ class ClassWatch:
     def __init__(self, cls: type, names: tuple[str, ...]) -> None: ...
 
 class SocketTransport(_transport.SocketTransport): ...
+
+class SSLTransport(_tls.SSLTransport): ...
 
 class TransportShared(_shared.TransportShared): ...
 

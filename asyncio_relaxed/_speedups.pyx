@@ -614,6 +614,11 @@ TRANSPORT_METHODS = ClassWatch(SocketTransport, (
 
 
 
+# -- the TLS layer's record path ---------------------------------------------------
+
+include "_speedups_tls.pxi"
+
+
 # -- the accept path -------------------------------------------------------------
 
 include "_speedups_accept.pxi"
@@ -913,6 +918,7 @@ class Loop(_PyLoop):
 
     _Counters = Counters
     _SocketTransport = SocketTransport
+    _SSLTransport = SSLTransport
     _TransportShared = TransportShared
     _Serving = Serving
 
