@@ -590,27 +590,6 @@ def test_uvicorn_takes_each_loop_by_its_own_loop_option() -> None:
         loop.close()
 
 
-def test_open_loop_matches_pipelined_answers_to_their_due_times() -> None:
-    from benchmarks.workloads import openloop
-
-    meter = openloop.Meter()
-    meter.start, meter.end = 10.0, 20.0
-    conn = openloop.Connection(meter, b"r" * 4, 4)
-    transport = _Transport()
-    conn.connection_made(transport)
-    for due in (9.0, 10.0, 11.0):  # the first was due before the window
-        conn.send(due)
-    assert meter.outstanding == 3 and transport.writes == [b"rrrr"] * 3
-    conn.data_received(b"rr")  # half an answer: nothing is done
-    assert meter.outstanding == 3
-    conn.data_received(b"rrrrrr")  # the rest of the first, all of the second
-    conn.data_received(b"rrrr")
-    assert meter.outstanding == 0 and not conn.due
-    # Latency from each request's due time, only those due in the window.
-    assert len(meter.latencies) == 2
-    assert meter.latencies[0] - meter.latencies[1] == pytest.approx(1.0, abs=0.1)
-
-
 # -- the smoke run -------------------------------------------------------------------
 
 #: One workload of every (server, client) kind; the built-in HTTP client is
