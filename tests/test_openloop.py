@@ -1,18 +1,28 @@
 """The open-loop load generator (benchmarks.workloads.openloop) without
 sockets: its schedule of due times, the pacer and connections on a clock
-driven by hand (coordinated omission), the latency recorder and each
-protocol's answer framer.  No timing assertions."""
+driven by hand (coordinated omission), the latency recorder, each
+protocol's answer framer, and the runner's plan for loads set from another
+loop's capacity; then one smoke run through the command line.  No timing
+assertions."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.workloads import openloop
+from benchmarks.workloads import catalog, openloop, runner
+from benchmarks.workloads.catalog import WORKLOADS
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # -- the schedule -------------------------------------------------------------------
 
@@ -325,3 +335,120 @@ def test_each_protocol_writes_its_request() -> None:
     assert openloop.request_bytes("redis", pipeline=3) == get * 3
     assert openloop.request_bytes("redis", body="SET k vv") == (
         b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nvv\r\n")
+
+
+# -- the runner: loads per cent of another loop's capacity ----------------------------
+
+
+def test_the_open_loop_workloads_and_their_parameters() -> None:
+    assert WORKLOADS["openloop-1k"].loads == (50, 80, 95)
+    uv80 = WORKLOADS["openloop-http-0b-uvloop80"]
+    assert (uv80.rate_of, uv80.loads, uv80.protocol) == ("uvloop", (80,), "http")
+    assert WORKLOADS["openloop-1k-poisson"].arrivals == "poisson"
+    # The other workloads' parameters in the JSON are what they were.
+    for w in WORKLOADS.values():
+        assert set(w.params()).isdisjoint(catalog.OPEN_ONLY) == (w.client != "open"), w.name
+    # The client gets every option of the workload.
+    command = runner.client_command(WORKLOADS["openloop-tls-1k"], 0.1, 0.2)
+    assert "--tls" in command and command[command.index("--protocol") + 1] == "echo"
+    command = runner.client_command(WORKLOADS["openloop-http-0b"], 0.1, 0.2)
+    assert command[command.index("--protocol") + 1] == "http"
+    assert command[command.index("--arrivals") + 1] == "constant"
+    assert command[command.index("--path") + 1] == "/" and "--tls" not in command
+    posted = catalog.Workload("x", "", "http", "open", protocol="http-post-json",
+                              body='{"a": 1}', pipeline=4, arrivals="poisson")
+    command = runner.client_command(posted, 0.1, 0.2)
+    assert command[command.index("--body") + 1] == '{"a": 1}'
+    assert command[command.index("--pipeline") + 1] == "4"
+    assert command[command.index("--arrivals") + 1] == "poisson"
+
+
+def test_the_reference_loop_runs_first_named_or_not() -> None:
+    w = WORKLOADS["openloop-http-0b-uvloop80"]
+    all_loops, [(_, names)] = runner.plan([w], ["asyncio", "relaxed"], None)
+    assert names == ["uvloop", "asyncio", "relaxed"] and "uvloop" in all_loops
+    _, [(_, names)] = runner.plan([w], None, None)
+    assert names[0] == "uvloop" and names.count("uvloop") == 1
+    _, [(_, names)] = runner.plan([w], ["relaxed", "uvloop"], None)
+    assert names == ["uvloop", "relaxed"]
+    # Without its reference the workload cannot run: skipped with the reason.
+    assert "uvloop is skipped: not installed" in (
+        runner._reference_missing(w, {"uvloop": "not installed"}) or "")
+    assert runner._reference_missing(WORKLOADS["openloop-1k"], {"uvloop": "x"}) is None
+
+
+def test_every_loop_gets_the_reference_loops_rate() -> None:
+    w = WORKLOADS["openloop-http-0b-uvloop80"]
+    assert runner._rate_base(WORKLOADS["openloop-1k"], "asyncio", {}) is None
+    samples: dict[str, list[dict[str, Any]]] = {"uvloop": [], "asyncio": []}
+    with pytest.raises(RuntimeError, match="no capacity of uvloop"):
+        runner._rate_base(w, "asyncio", samples)
+    first = runner._rate_base(w, "uvloop", samples)
+    assert first is not None and first(500.0) == 500.0  # its own, just measured
+    samples["uvloop"] = [{"rate": 100.0}, {"rate": 300.0}]
+    base = runner._rate_base(w, "asyncio", samples)
+    assert base is not None and base(1e9) == 200.0  # the median so far, not its own
+    again = runner._rate_base(w, "uvloop", samples)
+    assert again is not None and again(500.0) == 300.0  # with this repeat's
+
+
+class _Peer:
+    """A server or client process: what it was told, what it answers."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        self.said: list[str] = []
+        self.answers = answers
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
+
+    def read(self, timeout: float | None = None) -> dict[str, Any]:
+        return self.answers.pop(0)
+
+    def close(self) -> None:
+        self.said.append("<end>")
+
+
+def test_the_open_windows_target_per_cent_of_the_base() -> None:
+    w = WORKLOADS["openloop-http-0b-uvloop80"]
+    window = {"requests": 1000, "elapsed": 1.0, "p50_us": 10.0, "achieved_rate": 990.0,
+              "client_cpu": 0.5}
+    client = _Peer([{"client": "c"}, {"ready": True}, window, {"ready": True}, window])
+    server = _Peer([{"cpu": 1.0 * i} for i in range(4)])
+    sample = runner._open_loop(w, "asyncio", server, client, 1234,  # type: ignore[arg-type]
+                               1.0, lambda own: 5000.0)
+    assert client.said == ["1234", "closed", "go", "open 4000.0", "go", "<end>"]
+    assert sample["rate"] == 1000.0 and sample["target_base"] == 5000.0
+    assert sample["target_80"] == 4000.0
+    assert sample["achieved_rate_80"] == 990.0 and sample["client_cpu_80"] == 0.5
+
+
+# -- the smoke run -------------------------------------------------------------------
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(120)
+def test_smoke_openloop_http_through_the_command_line(tmp_path: Path) -> None:
+    """``python -m benchmarks run`` with the shortest windows: aiohttp under
+    the open loop's HTTP protocol, every load's p99 and client CPU in the
+    JSON."""
+    w = WORKLOADS["openloop-http-0b"]
+    why = catalog.missing(w)
+    if why:
+        pytest.skip(why)
+    subprocess.run([sys.executable, "-m", "benchmarks", "run", "--workloads", w.name,
+                    "--loops", "asyncio", "--warmup", "0", "--duration", "0.2",
+                    "--repeat", "1", "--no-syscalls", "--no-charts", "--results",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=100)
+    (path,) = tmp_path.glob("*.json")
+    (entry,) = json.loads(path.read_text())["workloads"]
+    assert entry["errors"] == {} and entry["params"]["protocol"] == "http"
+    data = entry["loops"]["asyncio"]
+    assert data["client"].startswith("builtin open loop, one process")
+    assert "http, constant arrivals, latencies in" in data["client"]
+    med = data["median"]
+    assert med["rate"] > 0 and 0 < med["client_cpu"]
+    for load in (50, 80, 95):
+        assert 0 < med[f"p50_us_{load}"] <= med[f"p99_us_{load}"] <= med[f"max_us_{load}"]
+        assert med[f"client_cpu_{load}"] > 0 and med[f"achieved_rate_{load}"] > 0
+        assert med[f"target_{load}"] == pytest.approx(med["rate"] * load / 100)
