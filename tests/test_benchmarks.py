@@ -162,14 +162,16 @@ def test_the_new_workloads_are_not_in_the_default_set() -> None:
     """The default set stays within its 4 minutes: the workloads of issue
     #18's list run with --full or by name only."""
     default = {w.name for w in runner.select(None, full=False)}
-    new = {"uvicorn-plaintext", "split-writes", "openloop-1k",
+    openloop = {"openloop-1k", "openloop-1k-poisson", "openloop-http-0b",
+                "openloop-http-0b-uvloop80", "openloop-tls-1k"}
+    new = {"uvicorn-plaintext", "split-writes", *openloop,
            *(n for n in WORKLOADS if n.endswith(("-unpinned", "-mixed")))}
-    assert len(new) == 11 and not default & new
+    assert len(new) == 15 and not default & new
     full = {w.name for w in runner.select(None, full=True)}
     assert new <= full
     assert {w.name for w in runner.select(["split-*", "openloop-*", "uvicorn-*"],
                                           full=False)} == {
-        "split-writes", "openloop-1k", "uvicorn-plaintext"}
+        "split-writes", *openloop, "uvicorn-plaintext"}
 
 
 def test_a_window_whose_median_request_outlasts_it_is_a_failed_run() -> None:
@@ -590,27 +592,6 @@ def test_uvicorn_takes_each_loop_by_its_own_loop_option() -> None:
         loop.close()
 
 
-def test_open_loop_matches_pipelined_answers_to_their_due_times() -> None:
-    from benchmarks.workloads import openloop
-
-    meter = openloop.Meter()
-    meter.start, meter.end = 10.0, 20.0
-    conn = openloop.Connection(meter, b"r" * 4, 4)
-    transport = _Transport()
-    conn.connection_made(transport)
-    for due in (9.0, 10.0, 11.0):  # the first was due before the window
-        conn.send(due)
-    assert meter.outstanding == 3 and transport.writes == [b"rrrr"] * 3
-    conn.data_received(b"rr")  # half an answer: nothing is done
-    assert meter.outstanding == 3
-    conn.data_received(b"rrrrrr")  # the rest of the first, all of the second
-    conn.data_received(b"rrrr")
-    assert meter.outstanding == 0 and not conn.due
-    # Latency from each request's due time, only those due in the window.
-    assert len(meter.latencies) == 2
-    assert meter.latencies[0] - meter.latencies[1] == pytest.approx(1.0, abs=0.1)
-
-
 # -- the smoke run -------------------------------------------------------------------
 
 #: One workload of every (server, client) kind; the built-in HTTP client is
@@ -796,12 +777,12 @@ def test_smoke_uvicorn_plaintext(tmp_path: Path) -> None:
 def test_smoke_open_loop(tmp_path: Path) -> None:
     """Capacity first, then each load at its share of it, in one client process."""
     entry = _smoke(WORKLOADS["openloop-1k"], ["asyncio", "relaxed"], tmp_path)
-    assert entry["params"]["loads"] == [50, 80]
+    assert entry["params"]["loads"] == [50, 80, 95]
     for name, data in entry["loops"].items():
         assert data["client"].startswith("builtin open loop, one process"), name
         med = data["median"]
         assert med["rate"] > 0 and med["cpu_us_per_unit"] > 0
-        for load in (50, 80):
+        for load in (50, 80, 95):
             assert med[f"target_{load}"] == pytest.approx(med["rate"] * load / 100)
             assert med[f"rate_{load}"] > 0 and med[f"cpu_us_per_unit_{load}"] > 0
             assert 0 < med[f"p50_us_{load}"] <= med[f"p99_us_{load}"] <= med[f"p999_us_{load}"]
@@ -866,7 +847,7 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert "floor-tls-bio" not in WORKLOADS["https-0b"].loops
     tls_names = {n for n, w in WORKLOADS.items() if w.tls}
     assert tls_names == {"tls-echo-1k-c10", "tls-echo-64k-c10", "https-0b", "tls-churn",
-                         "starttls-echo-1k-c10", "quic-10m"}
+                         "starttls-echo-1k-c10", "quic-10m", "openloop-tls-1k"}
     assert not runner._fits(WORKLOADS["starttls-echo-1k-c10"], "floor-tls-bio")
     assert "floor-tls-bio" not in WORKLOADS["starttls-echo-1k-c10"].loops
     # In the default set: the 1 KiB echo, aiohttp and the handshake per

@@ -55,6 +55,11 @@ IO_DEFAULT = (*PEERS, "relaxed-eager", "relaxed-eager-pure")
 ACCEPT_DEFAULT = (*PEERS, "relaxed-batch", "relaxed-batch-pure")
 
 
+#: The Workload fields that only the open-loop client reads: the other
+#: workloads' parameters leave them out.
+OPEN_ONLY = ("arrivals", "protocol", "pipeline", "body", "rate_of")
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     name: str
@@ -100,6 +105,20 @@ class Workload:
     #: udp client only: datagrams each client sends at a time before it
     #: waits for all their echoes.
     burst: int = 1
+    #: open-loop client only (benchmarks.workloads.openloop): the arrival
+    #: process (``constant``, ``poisson``); what a request is (``echo``,
+    #: ``http``, ``http-post-json``, ``redis``); how many of them are written
+    #: as one and answered as one; the body (http-post-json's JSON,
+    #: redis's command, "": the client's default).
+    arrivals: str = "constant"
+    protocol: str = "echo"
+    pipeline: int = 1
+    body: str = ""
+    #: open-loop client only: the loop whose capacity, measured in the same
+    #: run, ``loads`` are per cent of, so that every loop gets the same
+    #: rates ("": each loop's own capacity).  The runner runs that loop
+    #: first in each repeat (benchmarks.workloads.runner.plan).
+    rate_of: str = ""
 
     @property
     def serves(self) -> str:
@@ -113,6 +132,9 @@ class Workload:
             fields.pop(key)
         if self.client != "udp":
             fields.pop("burst")  # the TCP workloads' parameters as they were
+        if self.client != "open":
+            for key in OPEN_ONLY:
+                fields.pop(key)
         return fields
 
     @property
@@ -242,6 +264,34 @@ def _udp() -> list[Workload]:
     ]
 
 
+def _openloop() -> list[Workload]:
+    """Issue #43's open-loop workloads beyond ``openloop-1k``
+    (benchmarks.workloads.openloop), on the suite's servers: latency from
+    each request's due time at 50, 80 and 95 % of each loop's capacity, or
+    at 80 % of uvloop's (``rate_of``: the same rate for every loop).  By
+    name only."""
+    about = "10 connections, latency from each request's due time"
+    return [
+        Workload("openloop-1k-poisson",
+                 "open-loop latency: 1 KiB echo, Poisson arrivals at 50 %, 80 % and 95 % of the "
+                 f"capacity measured first, {about}", "echo-protocol", "open", 10,
+                 loads=(50, 80, 95), arrivals="poisson"),
+        Workload("openloop-http-0b",
+                 "open-loop latency: aiohttp keep-alive GET returning 0 B, pipelined, at 50 %, "
+                 f"80 % and 95 % of the capacity measured first, {about}", "http", "open", 10,
+                 path="/", loads=(50, 80, 95), protocol="http", needs=("aiohttp",)),
+        Workload("openloop-http-0b-uvloop80",
+                 "open-loop latency: aiohttp keep-alive GET returning 0 B, pipelined, at 80 % "
+                 f"of uvloop's capacity in the same run on every loop, {about}", "http", "open",
+                 10, path="/", loads=(80,), protocol="http", rate_of="uvloop",
+                 needs=("aiohttp",)),
+        Workload("openloop-tls-1k",
+                 "open-loop latency: 1 KiB echo over TLS 1.3, protocol server, at 50 %, 80 % "
+                 f"and 95 % of the capacity measured first, {about}", "echo-protocol", "open",
+                 10, loads=(50, 80, 95), loops=_TLS_EVENT_LOOPS, tls=True, needs=("trustme",)),
+    ]
+
+
 #: The ``needs`` that pyproject.toml's bench extra leaves out off CPython:
 #: no wheel for PyPy 8.0's ABI for httptools, nor for the cryptography that
 #: trustme needs.
@@ -290,9 +340,9 @@ WORKLOADS: dict[str, Workload] = {
                  "10 keep-alive connections", "split", "wrk", 10, path="/one",
                  paths=("/two",)),
         Workload("openloop-1k",
-                 "open-loop latency: 1 KiB echo at a constant rate, 50 % and 80 % of the "
+                 "open-loop latency: 1 KiB echo at a constant rate, 50 %, 80 % and 95 % of the "
                  "capacity measured first, 10 connections, latency from each request's due time",
-                 "echo-protocol", "open", 10, loads=(50, 80)),
+                 "echo-protocol", "open", 10, loads=(50, 80, 95)),
         Workload("pipe-100k", "tcp-raw-pipe: one connection, 100 KiB chunks echoed",
                  "pipe", "pipe", 1, 100 * KiB, unit="MiB"),
         Workload("pipe-16m", "tcp-raw-pipe: one connection, 16 MiB chunks echoed",
@@ -312,5 +362,6 @@ WORKLOADS: dict[str, Workload] = {
         *_fairness(),
         *_tls(),
         *_udp(),
+        *_openloop(),
     )
 }

@@ -7,23 +7,50 @@ A closed-loop client (every other client of the suite, and wrk) sends a
 connection's next request when the answer to the last one is back, so it
 slows down with the server it measures: while a response is late, the
 requests that would have been sent meanwhile are not, and their wait never
-enters the figures (coordinated omission).  Here requests are due at a
-constant rate whatever the answers do: request *i* is due at
-``t0 + i / rate`` and goes out on connection ``i % C`` at its due time,
-behind whatever that connection still has in flight (pipelined: the echo
-server answers in order, so the answers are matched by their bytes).  Its
+enters the figures (coordinated omission).  Here requests are due on a
+schedule whatever the answers do (:class:`Schedule`): request 0 at the
+window's start ``t0``, each next one a gap later, ``1 / rate`` under
+``--arrivals constant`` or an exponential draw of mean ``1 / rate`` under
+``--arrivals poisson`` (a Poisson process, as independent users make; the
+draws come from a ``random.Random`` seeded with ``--seed``, so every loop
+of a run gets the same gaps).  Request *i* goes out on connection
+``i % C`` at its due time, behind whatever that connection still has in
+flight (pipelined: every server answers a connection's requests in order,
+so the answers are matched to their requests by counting them).  Its
 latency runs from its due time to the last byte of its answer, as wrk2
-measures, so a request the client sent late still counts from when it was
-due.  How late the client itself sent (``lag``: send time minus due time)
-is reported beside the latencies: where it is large, the figures are the
-client's, not the server's.
+measures, so a request the client sent late, or the server answered late,
+still counts from when it was due: a stall of the server or of the client
+is charged to every request due during it.  How late the client itself
+sent (``lag``: send time minus due time) is reported beside the latencies:
+where it is large, the figures are the client's, not the server's.
 
 The pacer is a callback queued again with ``call_soon`` after each pass, so
 it runs once per loop iteration and sends every request that has come due;
 it never sleeps, because a timer would round to the loop's clock (libuv's,
 under uvloop, counts milliseconds) and send the requests in bursts.  The
 client therefore keeps its CPU busy through a run: the runner pins it to a
-CPU of its own.
+CPU of its own.  Its clock is a parameter (``time.perf_counter`` by
+default), and so is each connection's, so that tests drive both by hand.
+
+What a request is (``--protocol``): ``echo``, ``--request`` bytes answered
+by ``--response`` bytes; ``http``, a keep-alive HTTP/1.1 ``GET --path``;
+``http-post-json``, a ``POST --path`` of the JSON ``--body``; ``redis``, a
+RESP command (``--body``, its words split on spaces; ``GET key`` by
+default).  ``--pipeline N`` makes a request N of these in one write,
+answered when all N answers are back.  Each protocol's answers are
+delimited by a framer (:class:`EchoFramer`, :class:`HttpFramer`,
+:class:`RespFramer`): a small class fed the bytes as they come, which
+returns how many answers they complete and raises ``ValueError`` on an
+answer it cannot delimit or that is no success (a chunked HTTP body, a
+status other than 2xx, a RESP error), which fails the window.  ``--tls``
+makes every connection TLS 1.3 with the CA of benchmarks.harness.tls, as
+benchmarks.workloads.client does.
+
+Latencies, and the lags, are recorded in an HdrHistogram (1 µs to 60 s, 3
+significant digits: a percentile is within 0.1 % of the recorded value)
+when the ``hdrhistogram`` distribution is installed, else kept in a list
+whose percentiles are exact (benchmarks.harness.maths.percentiles); the
+client's name in the results says which (:class:`Recorder`).
 
 One process drives every window of a run, over the same connections: the
 runner writes a port, then per window a command, ``closed`` (one request in
@@ -32,8 +59,12 @@ second); the client runs the load through ``--warmup`` seconds, prints
 ``{"ready": true}``, and when the runner writes ``go`` (after marking the
 server) counts the requests due in the next ``--duration`` seconds, stops
 sending at its end, waits for every answer and prints the window's figures:
-requests, elapsed, p50/p99/p99.9 latency (µs) and, open, the lag's p99 and
-maximum.  The end of input closes the connections.
+requests (those due in the window), elapsed, p50/p99/p99.9/max latency
+(µs), ``achieved_rate`` (answers that arrived within the window, per
+second: under overload it falls below the rate asked for), ``client_cpu``
+(this process's user and system CPU time over the window, in CPUs: near
+1.0 the client, not the server, may be what limits) and, open, the lag's
+p99 and maximum.  The end of input closes the connections.
 """
 
 from __future__ import annotations
@@ -43,34 +74,340 @@ import asyncio
 import collections
 import json
 import math
+import random
+import resource
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from benchmarks.harness import loops, maths
+from benchmarks.workloads.client import _tls_options
+
+try:
+    from hdrh.histogram import HdrHistogram
+except ImportError:  # the bench extra leaves it out where it has no wheel
+    HdrHistogram = None
 
 #: Seconds the client waits for the answers to a window's last requests.
 DRAIN_TIMEOUT = 30.0
+ARRIVALS = ("constant", "poisson")
+PROTOCOLS = ("echo", "http", "http-post-json", "redis")
+#: The HdrHistogram's range, in µs (1 µs to 60 s), and its precision: 3
+#: significant digits, so a value it reports is within 0.1 % of the one
+#: recorded.  A latency outside the range is recorded at its bound.
+LOWEST_US = 1
+HIGHEST_US = 60_000_000
+DIGITS = 3
+#: The longest HTTP response head the framer buffers before it gives up.
+MAX_HEAD = 64 * 1024
+
+Clock = Callable[[], float]
+
+
+class Framer(Protocol):
+    def feed(self, data: bytes) -> int:
+        """How many answers *data*, the next bytes of the connection, completes."""
+
+
+# -- when requests are due ------------------------------------------------------
+
+
+class Schedule:
+    """The due times of requests 0, 1, 2, ... (an iterator of seconds on the
+    clock *t0* is read from): request 0 at *t0*, each next one a gap later,
+    ``1 / rate`` (constant) or drawn from an exponential distribution of
+    mean ``1 / rate`` (poisson) by a ``random.Random(seed)``."""
+
+    def __init__(self, rate: float, t0: float, arrivals: str = "constant",
+                 seed: int = 0) -> None:
+        if not rate > 0:
+            raise ValueError(f"rate {rate!r}: must be above 0")
+        if arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals {arrivals!r}: {', '.join(ARRIVALS)}")
+        self.rate = rate
+        self.t0 = t0
+        self.arrivals = arrivals
+        self.random = random.Random(seed)
+        self.index = 0
+        self.last = t0
+
+    def __iter__(self) -> Iterator[float]:
+        return self
+
+    def __next__(self) -> float:
+        i = self.index
+        self.index += 1
+        if self.arrivals == "constant":
+            # From the index, not by adding gaps: no rounding error accumulates.
+            return self.t0 + i / self.rate
+        if i:
+            self.last += self.random.expovariate(self.rate)
+        return self.last
+
+
+# -- what was measured ----------------------------------------------------------
+
+
+class Recorder:
+    """Durations in seconds: their count, exact maximum and percentiles.
+
+    In an HdrHistogram of whole µs (:data:`LOWEST_US` to :data:`HIGHEST_US`,
+    :data:`DIGITS` significant digits) when *hdr* (by default when
+    ``hdrhistogram`` is installed): constant memory and time per value; its
+    percentile is the highest value equivalent to the recorded one at that
+    rank.  Else every value in a list, and the percentiles interpolated
+    between ranks (benchmarks.harness.maths.percentiles).  ``kind`` says
+    which."""
+
+    def __init__(self, hdr: bool | None = None) -> None:
+        if hdr is None:
+            hdr = HdrHistogram is not None
+        elif hdr and HdrHistogram is None:
+            raise RuntimeError("hdrhistogram is not installed (pip install hdrhistogram)")
+        self.kind = "HdrHistogram" if hdr else "exact"
+        self.count = 0
+        self.max = 0.0
+        self.values: list[float] = []
+        self.histogram = HdrHistogram(LOWEST_US, HIGHEST_US, DIGITS) if hdr else None
+
+    def record(self, seconds: float) -> None:
+        self.count += 1
+        if seconds > self.max:
+            self.max = seconds
+        if self.histogram is None:
+            self.values.append(seconds)
+        else:
+            us = min(max(round(seconds * 1e6), LOWEST_US), HIGHEST_US)
+            self.histogram.record_value(us)
+
+    def percentiles(self, *qs: float) -> list[float]:
+        """The *qs*-th percentiles (above 0, below 100), in seconds."""
+        if not self.count:
+            raise ValueError("percentiles of no values")
+        if self.histogram is None:
+            return maths.percentiles(self.values, *qs)
+        if any(not 0 < q < 100 for q in qs):
+            raise ValueError(f"percentiles {qs!r}: each must be above 0 and below 100")
+        # A bucket's highest equivalent value can pass the largest recorded.
+        return [min(self.histogram.get_value_at_percentile(q) / 1e6, self.max) for q in qs]
+
+    def figures(self, prefix: str = "") -> dict[str, float]:
+        """p50, p99, p99.9 and the maximum in µs, keys ``{prefix}p50_us``..."""
+        p50, p99, p999 = self.percentiles(50, 99, 99.9)
+        return {f"{prefix}p50_us": p50 * 1e6, f"{prefix}p99_us": p99 * 1e6,
+                f"{prefix}p999_us": p999 * 1e6, f"{prefix}max_us": self.max * 1e6}
+
+
+# -- what an answer is ----------------------------------------------------------
+
+
+class EchoFramer:
+    """Answers of *size* bytes each."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"answers of {size} bytes")
+        self.size = size
+        self.left = size  # bytes still to come of the oldest answer
+
+    def feed(self, data: bytes) -> int:
+        """How many answers *data* completes."""
+        size = len(data)
+        if size < self.left:
+            self.left -= size
+            return 0
+        size -= self.left
+        self.left = self.size - size % self.size
+        return 1 + size // self.size
+
+
+class HttpFramer:
+    """HTTP/1.1 responses, each a head and a ``Content-Length`` body.
+
+    Only the head is buffered (up to :data:`MAX_HEAD` bytes); the body's
+    bytes are counted.  A head with ``Transfer-Encoding: chunked`` or
+    without ``Content-Length``, or a status other than 2xx, raises
+    ``ValueError``: the answers could no longer be told apart, or are not
+    the ones the benchmark means to measure."""
+
+    def __init__(self) -> None:
+        self.head = b""  # the start of a head whose end has not come yet
+        self.body_left = 0  # bytes still to come of the current body
+
+    def feed(self, data: bytes) -> int:
+        done = 0
+        pos = 0
+        if self.head:
+            data = self.head + data
+            self.head = b""
+        size = len(data)
+        while pos < size:
+            if self.body_left:
+                take = min(self.body_left, size - pos)
+                pos += take
+                self.body_left -= take
+                if not self.body_left:
+                    done += 1
+                continue
+            end = data.find(b"\r\n\r\n", pos)
+            if end < 0:
+                if size - pos > MAX_HEAD:
+                    raise ValueError(f"an HTTP response head longer than {MAX_HEAD} bytes")
+                self.head = data[pos:]
+                break
+            self.body_left = self.content_length(data[pos:end])
+            pos = end + 4
+            if not self.body_left:
+                done += 1
+        return done
+
+    @staticmethod
+    def content_length(head: bytes) -> int:
+        """The body's length from a response *head* (without its blank line)."""
+        status, *fields = head.split(b"\r\n")
+        if not status.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) or status[9:10] != b"2":
+            raise ValueError(f"HTTP status line {status[:80]!r}: expected a 2xx response")
+        length = None
+        for field in fields:
+            name, _, value = field.partition(b":")
+            name = name.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                raise ValueError("a chunked HTTP response: the open-loop client delimits "
+                                 "answers by Content-Length only")
+            if name == b"content-length":
+                length = int(value)
+        if length is None:
+            raise ValueError(f"an HTTP response without Content-Length: {status[:80]!r}")
+        return length
+
+
+class RespFramer:
+    """Redis (RESP) replies: simple strings, integers, bulk strings (``$-1``
+    too); an error reply raises ``ValueError`` with its text, and so does
+    any other type (arrays among them)."""
+
+    def __init__(self) -> None:
+        self.line = b""  # the start of a reply line whose CRLF has not come yet
+        self.bulk_left = 0  # bytes still to come of a bulk string and its CRLF
+
+    def feed(self, data: bytes) -> int:
+        done = 0
+        pos = 0
+        if self.line:
+            data = self.line + data
+            self.line = b""
+        size = len(data)
+        while pos < size:
+            if self.bulk_left:
+                take = min(self.bulk_left, size - pos)
+                pos += take
+                self.bulk_left -= take
+                if not self.bulk_left:
+                    done += 1
+                continue
+            end = data.find(b"\r\n", pos)
+            if end < 0:
+                if size - pos > MAX_HEAD:
+                    raise ValueError(f"a RESP reply line longer than {MAX_HEAD} bytes")
+                self.line = data[pos:]
+                break
+            kind, line = data[pos:pos + 1], data[pos + 1:end]
+            pos = end + 2
+            if kind in (b"+", b":"):
+                done += 1
+            elif kind == b"$":
+                length = int(line)
+                if length < 0:
+                    done += 1  # the null bulk string
+                else:
+                    self.bulk_left = length + 2
+            elif kind == b"-":
+                raise ValueError(f"the server answered a RESP error: "
+                                 f"{line.decode('utf-8', 'replace')}")
+            else:
+                raise ValueError(f"a RESP reply of type {kind!r}: the open-loop client reads "
+                                 "simple strings, integers, bulk strings and errors")
+        return done
+
+
+class Batches:
+    """Groups of *n* answers of *framer*, as one: the answers to a request
+    that is *n* pipelined ones."""
+
+    def __init__(self, framer: Framer, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"batches of {n}")
+        self.framer = framer
+        self.n = n
+        self.pending = 0  # answers of the current batch already in
+
+    def feed(self, data: bytes) -> int:
+        batches, self.pending = divmod(self.pending + self.framer.feed(data), self.n)
+        return batches
+
+
+def request_bytes(protocol: str, *, request: int = 1024, path: str = "/", body: str = "",
+                  pipeline: int = 1) -> bytes:
+    """What one request writes: *pipeline* of the protocol's requests."""
+    if protocol == "echo":
+        one = b"r" * request
+    elif protocol == "http":
+        one = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    elif protocol == "http-post-json":
+        payload = (body or '{"hello": "world"}').encode()
+        json.loads(payload)  # a body that is no JSON is a mistake of the command line
+        one = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+               ).encode() + payload
+    elif protocol == "redis":
+        words = [w.encode() for w in (body or "GET key").split()]
+        one = f"*{len(words)}\r\n".encode() + b"".join(
+            b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
+    else:
+        raise ValueError(f"protocol {protocol!r}: {', '.join(PROTOCOLS)}")
+    return one * pipeline
+
+
+def framer(protocol: str, *, response: int = 1024, pipeline: int = 1) -> Framer:
+    """A new framer of one connection's answers to *protocol*'s requests."""
+    one: Framer
+    if protocol == "echo":
+        one = EchoFramer(response)
+    elif protocol in ("http", "http-post-json"):
+        one = HttpFramer()
+    elif protocol == "redis":
+        one = RespFramer()
+    else:
+        raise ValueError(f"protocol {protocol!r}: {', '.join(PROTOCOLS)}")
+    return one if pipeline == 1 else Batches(one, pipeline)
+
+
+# -- the connections and the pacer ----------------------------------------------
 
 
 class Meter:
     """The window and what was answered in it, shared by every connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, hdr: bool | None = None) -> None:
         self.start = math.inf  # the window: requests due in [start, end) count
         self.end = math.inf
         self.closed = False  # closed loop: a connection sends again on each answer
         self.sending = False
         self.outstanding = 0
-        self.latencies: list[float] = []
-        self.lags: list[float] = []
+        self.arrived = 0  # answers that arrived within the window, whenever due
+        self.latencies = Recorder(hdr)
+        self.lags = Recorder(hdr)
+        self.error: BaseException | None = None
         self.drained: asyncio.Future[None] | None = None
 
     def answered(self, conn: Connection, due: float, now: float) -> None:
         self.outstanding -= 1
         if self.start <= due < self.end:
-            self.latencies.append(now - due)
+            self.latencies.record(now - due)
+        if self.start <= now < self.end:
+            self.arrived += 1
         if self.closed and self.sending:
             if now < self.end:
                 conn.send(now)
@@ -79,15 +416,25 @@ class Meter:
         if not self.outstanding and self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
 
+    def fail(self, exc: BaseException) -> None:
+        """End the window with *exc*: run_window raises it."""
+        self.sending = False
+        if self.error is None:
+            self.error = exc
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_exception(exc)
+
 
 class Connection(asyncio.Protocol):
-    """One connection: requests in flight in order, each with its due time."""
+    """One connection: requests in flight in order, each with its due time;
+    *framer* says how many answers each read completes."""
 
-    def __init__(self, meter: Meter, request: bytes, response: int) -> None:
+    def __init__(self, meter: Meter, request: bytes, framer: Framer,
+                 clock: Clock = time.perf_counter) -> None:
         self.meter = meter
         self.request = request
-        self.response = response
-        self.left = response  # bytes still to come of the oldest answer
+        self.framer = framer
+        self.clock = clock
         self.due: collections.deque[float] = collections.deque()
 
     def connection_made(self, transport: Any) -> None:
@@ -99,55 +446,76 @@ class Connection(asyncio.Protocol):
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
-        size = len(data)
-        if size < self.left:
-            self.left -= size
+        try:
+            answers = self.framer.feed(data)
+        except ValueError as exc:
+            self.meter.fail(exc)
+            self.transport.close()
             return
-        now = time.perf_counter()
-        while size >= self.left:
-            size -= self.left
-            self.left = self.response
-            self.meter.answered(self, self.due.popleft(), now)
-        self.left -= size
+        if not answers:
+            return
+        if answers > len(self.due):
+            self.meter.fail(ValueError(f"{answers} answers to {len(self.due)} requests"))
+            self.transport.close()
+            return
+        now = self.clock()
+        meter = self.meter
+        for _ in range(answers):
+            meter.answered(self, self.due.popleft(), now)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self.due and self.meter.drained is not None and not self.meter.drained.done():
-            self.meter.drained.set_exception(ConnectionError(
+        if self.due:
+            self.meter.fail(ConnectionError(
                 f"the server closed a connection with {len(self.due)} answers owed"))
 
 
 class Pacer:
-    """Sends request i at t0 + i / rate, round robin over the connections."""
+    """Sends each request of *schedule* at its due time, round robin over
+    *conns*, and records each one's lag (only those due in the window)."""
 
-    def __init__(self, meter: Meter, conns: list[Connection], rate: float) -> None:
+    def __init__(self, meter: Meter, conns: list[Connection], schedule: Schedule,
+                 clock: Clock = time.perf_counter) -> None:
         self.meter = meter
         self.conns = conns
-        self.rate = rate
-        self.t0 = time.perf_counter()
+        self.schedule = schedule
+        self.clock = clock
         self.sent = 0
-        self.next_due = self.t0
+        self.next_due = next(schedule)
 
-    def __call__(self) -> None:
+    def pump(self) -> bool:
+        """Send every request due by now; False once sending is over (the
+        window's end reached, or the meter stopped)."""
         meter = self.meter
         if not meter.sending:
-            return
-        clock = time.perf_counter
+            return False
+        clock = self.clock
         conns = self.conns
         while self.next_due <= clock():
             due = self.next_due
             if due >= meter.end:
                 meter.sending = False
-                return
+                return False
             conns[self.sent % len(conns)].send(due)
             if due >= meter.start:
-                meter.lags.append(clock() - due)
+                meter.lags.record(clock() - due)
             self.sent += 1
-            self.next_due = self.t0 + self.sent / self.rate
-        asyncio.get_running_loop().call_soon(self)
+            self.next_due = next(self.schedule)
+        return True
+
+    def __call__(self) -> None:
+        if self.pump():
+            asyncio.get_running_loop().call_soon(self)
+
+
+def cpu_seconds() -> float:
+    """This process's user and system CPU time so far, every thread's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def run_window(conns: list[Connection], command: str, warmup: float, duration: float,
-                     commands: asyncio.Queue[str]) -> dict[str, Any]:
+                     commands: asyncio.Queue[str], arrivals: str = "constant",
+                     seed: int = 0) -> dict[str, Any]:
     """One window of *command* (``closed`` or ``open RATE``) on *conns*, which
     have nothing in flight: warm-up, ready, ``go``, the measured window,
     every answer back; the window's figures."""
@@ -163,28 +531,36 @@ async def run_window(conns: list[Connection], command: str, warmup: float, durat
         for conn in conns:
             conn.send(now)
     elif kind == "open" and float(rate) > 0:
-        loop.call_soon(Pacer(meter, conns, float(rate)))
+        schedule = Schedule(float(rate), time.perf_counter(), arrivals, seed)
+        loop.call_soon(Pacer(meter, conns, schedule))
     else:
         raise ValueError(f"unknown command {command!r}: closed, or open RATE")
     await asyncio.sleep(warmup)
+    if meter.error is not None:
+        raise meter.error
     print(json.dumps({"ready": True}), flush=True)
     if (await commands.get()) != "go":
         raise ValueError("expected go")
+    cpu = cpu_seconds()
     meter.start = time.perf_counter()
     meter.end = meter.start + duration
     await asyncio.sleep(duration)
+    client_cpu = (cpu_seconds() - cpu) / (time.perf_counter() - meter.start)
     meter.sending = False
     meter.drained = loop.create_future()
+    if meter.error is not None:
+        raise meter.error
     if meter.outstanding:
         await asyncio.wait_for(meter.drained, DRAIN_TIMEOUT)
-    if not meter.latencies:
+    if not meter.latencies.count:
         raise RuntimeError(f"{command}: no request answered in the measured window")
-    p50, p99, p999 = maths.percentiles(meter.latencies, 50, 99, 99.9)
-    out: dict[str, Any] = {"requests": len(meter.latencies), "elapsed": duration,
-                           "p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "p999_us": p999 * 1e6}
-    if meter.lags:
-        out["lag_p99_us"] = maths.percentiles(meter.lags, 99)[0] * 1e6
-        out["lag_max_us"] = max(meter.lags) * 1e6
+    out: dict[str, Any] = {"requests": meter.latencies.count, "elapsed": duration,
+                           **meter.latencies.figures(),
+                           "achieved_rate": meter.arrived / duration, "client_cpu": client_cpu}
+    if meter.lags.count:
+        lag = meter.lags.figures("lag_")
+        out["lag_p99_us"] = lag["lag_p99_us"]
+        out["lag_max_us"] = lag["lag_max_us"]
     return out
 
 
@@ -199,16 +575,24 @@ async def run(args: argparse.Namespace) -> None:
 
     threading.Thread(target=read, daemon=True).start()
     port = int(await commands.get())
-    request = b"r" * args.request
+    request = request_bytes(args.protocol, request=args.request, path=args.path,
+                            body=args.body, pipeline=args.pipeline)
+    options = _tls_options(args.tls)
     conns = []
     for _ in range(args.concurrency):
         _, conn = await loop.create_connection(
-            lambda: Connection(Meter(), request, args.response), "127.0.0.1", port)
+            lambda: Connection(Meter(), request, framer(args.protocol, response=args.response,
+                                                        pipeline=args.pipeline)),
+            "127.0.0.1", port, **options)
         conns.append(conn)
-    print(json.dumps({"client": f"builtin open loop, one process ({loops.client_loop()[0]})",
+    what = args.protocol + (f" x{args.pipeline}" if args.pipeline > 1 else "")
+    print(json.dumps({"client": f"builtin open loop, one process ({loops.client_loop()[0]}), "
+                      f"{what}{', TLS 1.3' if args.tls else ''}, {args.arrivals} arrivals, "
+                      f"latencies in {Recorder().kind}",
                       "connections": len(conns)}), flush=True)
     while command := await commands.get():
-        result = await run_window(conns, command, args.warmup, args.duration, commands)
+        result = await run_window(conns, command, args.warmup, args.duration, commands,
+                                  args.arrivals, args.seed)
         print(json.dumps(result), flush=True)
     for conn in conns:
         conn.transport.close()
@@ -217,11 +601,23 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="the open-loop load generator")
     parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--request", type=int, default=1024, help="bytes per request")
-    parser.add_argument("--response", type=int, default=1024, help="bytes per answer")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="echo")
+    parser.add_argument("--request", type=int, default=1024, help="echo: bytes per request")
+    parser.add_argument("--response", type=int, default=1024, help="echo: bytes per answer")
+    parser.add_argument("--path", default="/", help="http, http-post-json: the request's path")
+    parser.add_argument("--body", default="",
+                        help='http-post-json: the JSON body ({"hello": "world"}); redis: the '
+                             "command, words split on spaces (GET key)")
+    parser.add_argument("--pipeline", type=int, default=1,
+                        help="requests of the protocol written as one, answered as one (1)")
+    parser.add_argument("--arrivals", choices=ARRIVALS, default="constant")
+    parser.add_argument("--seed", type=int, default=1, help="poisson: the gaps' seed (1)")
+    parser.add_argument("--tls", action="store_true", help="over TLS 1.3")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=1.0)
     args = parser.parse_args()
+    if args.pipeline < 1:
+        parser.error("--pipeline must be 1 or more")
     loop = loops.client_loop()[1]()
     try:
         loop.run_until_complete(run(args))

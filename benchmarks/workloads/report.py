@@ -91,17 +91,20 @@ def kind(entry: dict[str, Any]) -> str:
 
 def columns(entry: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(title, metric key, format) of *entry*'s table: its kind's, or for the
-    open-loop workloads the capacity, then per load its latencies from due
-    time and the client's own send lag."""
+    open-loop workloads the capacity, then per load the rate answered, its
+    latencies from due time, the client's own send lag and CPU use."""
     if kind(entry) != "open":
         return COLUMNS[kind(entry)]
     out = [("capacity req/s", "rate", "{:,.0f}"), ("CPU µs/req", "cpu_us_per_unit", "{:.1f}")]
+    of = entry["params"].get("rate_of")
     for load in entry["params"]["loads"]:
-        out += [(f"req/s @{load}%", f"rate_{load}", "{:,.0f}"),
-                (f"p50 µs @{load}%", f"p50_us_{load}", "{:,.0f}"),
-                (f"p99 µs @{load}%", f"p99_us_{load}", "{:,.0f}"),
-                (f"p99.9 µs @{load}%", f"p999_us_{load}", "{:,.0f}"),
-                (f"lag p99 µs @{load}%", f"lag_p99_us_{load}", "{:,.0f}")]
+        at = f"@{load}%" + (f" of {of}" if of else "")
+        out += [(f"req/s {at}", f"achieved_rate_{load}", "{:,.0f}"),
+                (f"p50 µs {at}", f"p50_us_{load}", "{:,.0f}"),
+                (f"p99 µs {at}", f"p99_us_{load}", "{:,.0f}"),
+                (f"p99.9 µs {at}", f"p999_us_{load}", "{:,.0f}"),
+                (f"lag p99 µs {at}", f"lag_p99_us_{load}", "{:,.0f}"),
+                (f"client CPU {at}", f"client_cpu_{load}", "{:.2f}")]
     return out
 
 

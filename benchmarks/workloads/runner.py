@@ -15,7 +15,8 @@ for the workloads marked ``syscalls`` when strace is installed.
 
 A run is one server process and one or more measured windows on it: one;
 one per path (``Workload.paths``: the same response in one write and in
-two); or the open-loop client's capacity, then its constant-rate loads
+two); or the open-loop client's capacity, then its loads, per cent of that
+capacity or of another loop's measured earlier in the run (``rate_of``)
 (benchmarks.workloads.openloop).  A workload whose ``needs`` are missing
 here is skipped with the reason; a loop whose server says it cannot serve
 the workload (a peer without ``create_server(ssl=)``) is left out of it with
@@ -164,10 +165,15 @@ def client_command(w: Workload, warmup: float, duration: float,
     """The built-in client of *w* (the window on *path*, default ``w.path``);
     it reads the server's port from its input."""
     if w.client == "open":
+        if w.starttls:
+            raise ValueError(f"{w.name}: the open-loop client has no --starttls")
         return processes.python(
             "-m", "benchmarks.workloads.openloop", "--concurrency", str(w.concurrency),
+            "--protocol", w.protocol, "--arrivals", w.arrivals,
             "--request", str(w.request), "--response", str(w.response),
-            "--warmup", str(warmup), "--duration", str(duration))
+            "--path", path or w.path, "--pipeline", str(w.pipeline),
+            *(("--body", w.body) if w.body else ()),
+            "--warmup", str(warmup), "--duration", str(duration), *_tls_flag(w))
     kind = "http" if w.client == "wrk" else w.client
     return processes.python(
         "-m", "benchmarks.workloads.client", "--kind", kind,
@@ -211,11 +217,13 @@ def strace_counts(raw: dict[str, int]) -> dict[str, int]:
 
 
 def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
-            syscalls: bool = False) -> dict[str, Any]:
+            syscalls: bool = False,
+            rate_base: Callable[[float], float] | None = None) -> dict[str, Any]:
     """One measured run of workload *w* on *loop*: the sample's metrics.
 
     One server process serves every window of the run: one, or one per path
-    (``w.paths``), or the open-loop client's capacity and loads."""
+    (``w.paths``), or the open-loop client's capacity and loads (per cent of
+    ``rate_base(capacity)``, by default the capacity itself)."""
     if w.server == "fairness":
         outcome: dict[str, Any] = fairness.run_once(
             loop, workers=w.workers, concurrency=w.concurrency, mode=w.mode,
@@ -245,7 +253,7 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
         checkout.check_package(loop, listening.get("relaxed"), ROOT)
         if w.client == "open":
             assert client is not None
-            sample = _open_loop(w, loop, server, client, port, duration)
+            sample = _open_loop(w, loop, server, client, port, duration, rate_base)
         else:
             trace = strace(server.proc.pid, traced) if syscalls else None
             sample = _figures(w, loop, duration, *_window(w, server, client, port, w.path,
@@ -330,8 +338,8 @@ def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
         # Minor page faults: glibc serving stock's recv(256 KiB) by mmap
         # (a fault or more per read) rather than from the heap shows here.
         sample["faults_per_unit"] = (after["minflt"] - before["minflt"]) / units
-    for key in ("p50_us", "p99_us", "p999_us", "lag_p99_us", "lag_max_us", "lost", "late",
-                "bursts"):
+    for key in ("p50_us", "p99_us", "p999_us", "max_us", "achieved_rate", "client_cpu",
+                "lag_p99_us", "lag_max_us", "lost", "late", "bursts"):
         if key in result:
             sample[key] = result[key]
     if "statistics" in after:
@@ -341,11 +349,14 @@ def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
 
 
 def _open_loop(w: Workload, loop: str, server: Process, client: Process,
-               port: int, duration: float) -> dict[str, Any]:
-    """The open-loop windows (benchmarks.openloop) on one server and one
-    client process: the capacity (closed loop), then each load of
-    ``w.loads`` per cent of it at a constant rate; the figures of load L
-    carry the suffix ``_L`` and ``target_L`` is the rate asked for."""
+               port: int, duration: float,
+               rate_base: Callable[[float], float] | None = None) -> dict[str, Any]:
+    """The open-loop windows (benchmarks.workloads.openloop) on one server
+    and one client process: the capacity (closed loop, ``rate``), then each
+    load of ``w.loads`` per cent of ``target_base`` (``rate_base(rate)``
+    when given: another loop's capacity under ``w.rate_of``; else ``rate``)
+    at ``w.arrivals``; the figures of load L carry the suffix ``_L`` and
+    ``target_L`` is the rate asked for."""
     client.say(str(port))
     sample = {"client": client.read()["client"]}
 
@@ -358,8 +369,9 @@ def _open_loop(w: Workload, loop: str, server: Process, client: Process,
         return _figures(w, loop, duration, result, before, _mark(server), sample["client"])
 
     sample.update(window("closed"))
+    sample["target_base"] = rate_base(sample["rate"]) if rate_base else sample["rate"]
     for load in w.loads:
-        target = sample["rate"] * load / 100
+        target = sample["target_base"] * load / 100
         figures = window(f"open {target:.1f}")
         sample.update({f"{key}_{load}": value for key, value in figures.items()
                        if key not in ("client", "units")})
@@ -495,12 +507,16 @@ def plan(workloads: Sequence[Workload], loop_names: Sequence[str] | None,
     A workload runs its own loops (``Workload.loops``) that ``loop_names``
     (all when None) allows, and the other loops named there that fit it
     (:func:`_fits`); with *baseline*, every relaxed preset's ``@base`` twin
-    right after it, except under fairness, which forks this process.
+    right after it, except under fairness, which forks this process.  An
+    open-loop workload whose loads are per cent of another loop's capacity
+    (``Workload.rate_of``) runs that loop too, named or not, and first, so
+    that in each repeat its capacity is measured before the other loops'
+    loads are set from it (:func:`_rate_base`).
     """
     wanted = set(loop_names) if loop_names else None
     order = list(loops.SPECS)
     all_loops = sorted({n for w in workloads for n in w.loops if not wanted or n in wanted}
-                       | (wanted or set()),
+                       | (wanted or set()) | {w.rate_of for w in workloads if w.rate_of},
                        key=lambda n: order.index(n) if n in order else len(order))
     if baseline:
         all_loops = [x for n in all_loops for x in (
@@ -515,6 +531,8 @@ def plan(workloads: Sequence[Workload], loop_names: Sequence[str] | None,
         if wanted:
             names += [n for n in all_loops if n in wanted and n not in names
                       and n in loops.SPECS and _fits(w, n)]
+        if w.rate_of:
+            names = [w.rate_of, *(n for n in names if n != w.rate_of)]
         runs.append((w, names))
     return all_loops, runs
 
@@ -545,7 +563,8 @@ def run(
                  "loop.statistics() on asyncio_relaxed only")
         syscalls = False
     runs = [(w, [n for n in names if n not in skipped]) for w, names in runs]
-    unable = {w.name: why for w, _ in runs if (why := workload_missing(w))}
+    unable = {w.name: why for w, _ in runs
+              if (why := workload_missing(w) or _reference_missing(w, skipped))}
     for why in unable.values():
         progress(f"note: {why}; skipped")
     runs = [(w, [] if w.name in unable else names) for w, names in runs]
@@ -584,7 +603,8 @@ def run(
                 if name in entry["unsupported"]:
                     continue
                 try:
-                    samples[name].append(run_one(w, name, warmup=warmup, duration=duration))
+                    samples[name].append(run_one(w, name, warmup=warmup, duration=duration,
+                                                 rate_base=_rate_base(w, name, samples)))
                 except Unsupported as exc:
                     entry["unsupported"][name] = str(exc)
                     progress(f"  not run: {exc}")
@@ -612,6 +632,36 @@ def run(
         doc["workloads"].append(entry)
     doc["finished"] = results.now().isoformat()
     return doc
+
+
+def _reference_missing(w: Workload, skipped: dict[str, str]) -> str | None:
+    """Why the loop whose capacity *w*'s loads are per cent of cannot run
+    here, or None."""
+    if w.rate_of and w.rate_of in skipped:
+        return (f"{w.name} sets its rates from {w.rate_of}'s capacity, and {w.rate_of} is "
+                f"skipped: {skipped[w.rate_of]}")
+    return None
+
+
+def _rate_base(w: Workload, loop: str,
+               samples: dict[str, list[dict[str, Any]]]) -> Callable[[float], float] | None:
+    """What *w*'s loads on *loop* are per cent of, from the loop's own
+    capacity: None (the capacity itself) unless ``w.rate_of`` names a loop.
+    Then the median of that loop's capacities measured so far in the run
+    (*samples*, its first in each repeat: :func:`plan`), with, on that loop
+    itself, the one it has just measured: in each repeat every loop gets the
+    same rates."""
+    if not w.rate_of:
+        return None
+    if loop == w.rate_of:
+        earlier = [s["rate"] for s in samples[loop]]
+        return lambda own: statistics.median([*earlier, own])
+    measured = [s["rate"] for s in samples.get(w.rate_of, [])]
+    if not measured:
+        raise RuntimeError(f"{w.name}: no capacity of {w.rate_of} measured in this run "
+                           "to set the rates from")
+    reference = statistics.median(measured)
+    return lambda own: reference
 
 
 def _fits(w: Workload, loop: str) -> bool:
