@@ -322,3 +322,33 @@ def test_smoke_app_workload(name: str, tmp_path: Path) -> None:
         assert data["samples"][0]["broadcasts"] > 0
     if name == "redis-proxy":  # 16 commands per pipeline
         assert data["samples"][0]["pipelines"] > 0
+
+
+def test_a_loop_without_tls_servers_is_noted_not_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn-json-tls's startup probe: a loop whose create_server(ssl=)
+    raises NotImplementedError (rloop 0.5.0's) is named with its error."""
+    from benchmarks.harness import tls
+
+    if tls.missing():
+        pytest.skip(tls.missing() or "")
+    tls.make(tmp_path)
+    monkeypatch.setenv(tls.ENV, str(tmp_path))
+
+    class NoTls(asyncio.SelectorEventLoop):
+        async def create_server(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("ssl") is not None:
+                raise NotImplementedError("no TLS here")
+            return await super().create_server(*args, **kwargs)
+
+    for make, refused in ((NoTls, True), (asyncio.SelectorEventLoop, False)):
+        loop = make()
+        try:
+            why = loop.run_until_complete(apps.tls_refused(loop))
+        finally:
+            loop.close()
+        if refused:
+            assert why is not None and why.endswith(
+                "NoTls: create_server(ssl=) raised NotImplementedError: no TLS here")
+        else:
+            assert why is None
