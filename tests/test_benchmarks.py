@@ -163,15 +163,17 @@ def test_the_new_workloads_are_not_in_the_default_set() -> None:
     #18's list run with --full or by name only."""
     default = {w.name for w in runner.select(None, full=False)}
     openloop = {"openloop-1k", "openloop-1k-poisson", "openloop-http-0b",
-                "openloop-http-0b-uvloop80", "openloop-tls-1k"}
+                "openloop-http-0b-uvloop80", "openloop-tls-1k", "openloop-tls-1k-uvloop80",
+                "openloop-uvicorn-json-uvloop80"}
     new = {"uvicorn-plaintext", "split-writes", *openloop,
            *(n for n in WORKLOADS if n.endswith(("-unpinned", "-mixed")))}
-    assert len(new) == 15 and not default & new
+    assert len(new) == 17 and not default & new
     full = {w.name for w in runner.select(None, full=True)}
     assert new <= full
     assert {w.name for w in runner.select(["split-*", "openloop-*", "uvicorn-*"],
                                           full=False)} == {
-        "split-writes", *openloop, "uvicorn-plaintext"}
+        "split-writes", *openloop, "uvicorn-plaintext",
+        "uvicorn-json", "uvicorn-json-h11", "uvicorn-json-tls"}  # issue #43's (test_apps.py)
 
 
 def test_a_window_whose_median_request_outlasts_it_is_a_failed_run() -> None:
@@ -847,7 +849,9 @@ def test_the_tls_floors_serve_the_tls_echo_only() -> None:
     assert "floor-tls-bio" not in WORKLOADS["https-0b"].loops
     tls_names = {n for n, w in WORKLOADS.items() if w.tls}
     assert tls_names == {"tls-echo-1k-c10", "tls-echo-64k-c10", "https-0b", "tls-churn",
-                         "starttls-echo-1k-c10", "quic-10m", "openloop-tls-1k"}
+                         "starttls-echo-1k-c10", "quic-10m", "openloop-tls-1k",
+                         "openloop-tls-1k-uvloop80",
+                         "uvicorn-json-tls", "aiohttp-pg-tls"}  # issue #43's apps
     assert not runner._fits(WORKLOADS["starttls-echo-1k-c10"], "floor-tls-bio")
     assert "floor-tls-bio" not in WORKLOADS["starttls-echo-1k-c10"].loops
     # In the default set: the 1 KiB echo, aiohttp and the handshake per
@@ -944,7 +948,9 @@ def test_tls_presets_come_with_the_setting() -> None:
 
 def test_aiofastnet_peers_are_in_every_echo_and_tls_workload_not_the_default_set() -> None:
     for name, w in WORKLOADS.items():
-        if name.startswith("echo-") or w.tls:
+        # uvicorn makes its loop from its --loop option, which cannot name
+        # aiofastnet's pairings.
+        if (name.startswith("echo-") or w.tls) and w.server != "uvicorn-json":
             assert set(loops.TRANSPORT_PEERS) <= set(w.loops), name
         assert not set(loops.TRANSPORT_PEERS) & set(w.default_loops), name
     assert {loops.SPECS[n].base for n in loops.TRANSPORT_PEERS} == {"asyncio", "uvloop"}

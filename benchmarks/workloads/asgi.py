@@ -1,4 +1,5 @@
-"""The ``uvicorn`` server kind: uvicorn + httptools serving an ASGI hello app.
+"""The ``uvicorn`` server kind: uvicorn + httptools serving an ASGI hello app
+(and the way ``uvicorn-json`` runs uvicorn, benchmarks.workloads.apps).
 
 What most users of an asyncio server run: uvicorn with its httptools
 protocol, keep-alive, an ASGI app answering every request with 13 bytes of
@@ -15,7 +16,12 @@ so the port is known) and answers the runner as every server does
 (benchmarks.workloads.control): the app's lifespan startup, which runs
 on uvicorn's loop, checks that the loop is the one asked for, prints
 ``{"listening": PORT, ...}`` and starts the thread that answers the marks;
-the end of input makes uvicorn exit.
+the end of input makes uvicorn exit.  :func:`serve` runs either app
+(``plaintext``, or ``json``: benchmarks.workloads.apps.json_app), on either
+of uvicorn's HTTP protocols (``httptools``, ``h11``), over TLS with
+uvicorn's own ``ssl_certfile``/``ssl_keyfile`` (the harness's certificate,
+benchmarks.harness.tls); a loop whose ``create_server(ssl=)`` refuses says
+so at startup (control.unsupported) instead of listening.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from benchmarks.harness import checkout, loops
-from benchmarks.workloads.control import control, listening
+from benchmarks.workloads import apps
+from benchmarks.workloads.control import control, listening, unsupported
 
 BODY = b"Hello, world!"
 HEADERS = [(b"content-type", b"text/plain"), (b"content-length", str(len(BODY)).encode())]
@@ -66,9 +73,9 @@ def check_loop(name: str, loop: asyncio.AbstractEventLoop) -> None:
                                f"{dict(spec.settings)}: the environment overrides the preset")
 
 
-def plaintext_app(started: Callable[[asyncio.AbstractEventLoop], None]) -> Any:
-    """The ASGI app: ``started(loop)`` at lifespan startup, then 13 bytes of
-    text for every request."""
+def plaintext_app(started: Callable[[asyncio.AbstractEventLoop], Awaitable[None]]) -> Any:
+    """The ASGI app: ``await started(loop)`` at lifespan startup, then 13
+    bytes of text for every request."""
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -76,7 +83,7 @@ def plaintext_app(started: Callable[[asyncio.AbstractEventLoop], None]) -> Any:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     try:
-                        started(asyncio.get_running_loop())
+                        await started(asyncio.get_running_loop())
                     except Exception as exc:
                         await send({"type": "lifespan.startup.failed", "message": str(exc)})
                         return
@@ -90,9 +97,11 @@ def plaintext_app(started: Callable[[asyncio.AbstractEventLoop], None]) -> Any:
     return app
 
 
-def serve(name: str) -> None:
-    """Serve loop *name* (a preset of benchmarks.harness.loops) under uvicorn until
-    the end of input."""
+def serve(name: str, app: str = "plaintext", http: str = "httptools",
+          over_tls: bool = False) -> None:
+    """Serve *app* ("plaintext" or "json") on loop *name* (a preset of
+    benchmarks.harness.loops) under uvicorn with its *http* protocol, over
+    TLS with *over_tls*, until the end of input."""
     import uvicorn
 
     preset = loops.preset(name)
@@ -107,15 +116,22 @@ def serve(name: str) -> None:
     sock.listen(1024)
     holder: list[uvicorn.Server] = []
 
-    def started(loop: asyncio.AbstractEventLoop) -> None:
+    async def started(loop: asyncio.AbstractEventLoop) -> None:
         check_loop(preset, loop)
+        if over_tls:
+            why = await apps.tls_refused(loop)
+            if why:
+                unsupported(why)
+                raise RuntimeError(why)  # uvicorn's startup fails: nothing listens
         cls = type(loop)
         listening(sock.getsockname()[1], f"{cls.__module__}.{cls.__qualname__}",
                   checkout.relaxed_package(), uvicorn=uvicorn.__version__,
-                  uvicorn_loop=loop_option(preset))
+                  uvicorn_loop=loop_option(preset), uvicorn_http=http)
         control(loop, lambda: setattr(holder[0], "should_exit", True))
 
-    config = uvicorn.Config(plaintext_app(started), loop=loop_option(preset), http="httptools",
-                            lifespan="on", access_log=False, log_level="warning", backlog=1024)
+    make = {"plaintext": plaintext_app, "json": apps.json_app}[app]
+    config = uvicorn.Config(make(started), loop=loop_option(preset), http=http,
+                            lifespan="on", access_log=False, log_level="warning", backlog=1024,
+                            **(apps.tls_paths() if over_tls else {}))
     holder.append(uvicorn.Server(config))
     holder[0].run(sockets=[sock])

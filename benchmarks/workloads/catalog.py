@@ -24,9 +24,14 @@ the peers: the 1 KiB echo (``tls-echo-1k-c10``), aiohttp over TLS
 ``tls`` presets) and the UDP workloads (``udp-*``) run by name, each on
 all its loops.
 
+The application workloads (``_apps``: uvicorn + Starlette, aiohttp with
+PostgreSQL, a websockets broadcast, a Redis-protocol server; issue #43) run
+by name only, on every loop that can run them.
+
 A workload that needs a package the suite does not (uvicorn, httptools)
-names it in ``needs``; where it is missing, :func:`missing` says so and the
-runner skips the workload with that reason.
+names it in ``needs``, and one that needs a server of ``.ci/services``
+(PostgreSQL) names it in ``services``; where either is missing,
+:func:`missing` says so and the runner skips the workload with that reason.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import re
 import sys
 from importlib import metadata
 
+from benchmarks.harness import services as services_file
 from benchmarks.harness.loops import (
     ACCEPT_LOOPS,
     IO_LOOPS,
@@ -45,6 +51,7 @@ from benchmarks.harness.loops import (
     TRANSPORT_PEERS,
     UDP_LOOPS,
 )
+from benchmarks.workloads.apps import MESSAGE, PG_POOL
 from benchmarks.workloads.fairness import MODES, PLACEMENTS
 
 KiB = 1024
@@ -57,7 +64,7 @@ ACCEPT_DEFAULT = (*PEERS, "relaxed-batch", "relaxed-batch-pure")
 
 #: The Workload fields that only the open-loop client reads: the other
 #: workloads' parameters leave them out.
-OPEN_ONLY = ("arrivals", "protocol", "pipeline", "body", "rate_of")
+OPEN_ONLY = ("arrivals", "protocol", "rate_of")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,18 +114,26 @@ class Workload:
     burst: int = 1
     #: open-loop client only (benchmarks.workloads.openloop): the arrival
     #: process (``constant``, ``poisson``); what a request is (``echo``,
-    #: ``http``, ``http-post-json``, ``redis``); how many of them are written
-    #: as one and answered as one; the body (http-post-json's JSON,
-    #: redis's command, "": the client's default).
+    #: ``http``, ``http-post-json``, ``redis``).
     arrivals: str = "constant"
     protocol: str = "echo"
-    pipeline: int = 1
-    body: str = ""
     #: open-loop client only: the loop whose capacity, measured in the same
     #: run, ``loads`` are per cent of, so that every loop gets the same
     #: rates ("": each loop's own capacity).  The runner runs that loop
     #: first in each repeat (benchmarks.workloads.runner.plan).
     rate_of: str = ""
+    #: HTTP clients: the request's method; its body (a JSON text; the
+    #: open-loop client's http-post-json JSON or redis command, "" its
+    #: default); the defaults are a GET without body, as every workload
+    #: before them.
+    method: str = "GET"
+    body: str = ""
+    #: resp and open-loop clients: requests (commands) written as one and
+    #: answered as one, each connection.
+    pipeline: int = 1
+    #: Servers of .ci/services it talks to ("postgres"; read from
+    #: .services.json, benchmarks.harness.services).
+    services: tuple[str, ...] = ()
 
     @property
     def serves(self) -> str:
@@ -128,19 +143,27 @@ class Workload:
     def params(self) -> dict[str, object]:
         """The parameters that define the workload (for the JSON)."""
         fields = dataclasses.asdict(self)
-        for key in ("name", "about", "loops", "default_loops", "syscalls", "needs"):
+        for key in ("name", "about", "loops", "default_loops", "syscalls", "needs", "services"):
             fields.pop(key)
         if self.client != "udp":
             fields.pop("burst")  # the TCP workloads' parameters as they were
         if self.client != "open":
             for key in OPEN_ONLY:
                 fields.pop(key)
+        for key, default in _QUIET.items():
+            if fields[key] == default:
+                fields.pop(key)  # likewise, where they are the defaults
         return fields
 
     @property
     def default(self) -> bool:
         """In the default set."""
         return bool(self.default_loops)
+
+
+#: Fields that :meth:`Workload.params` leaves out while they are their
+#: defaults, so that the workloads from before them keep their parameters.
+_QUIET = {"method": "GET", "body": "", "pipeline": 1}
 
 
 def _sizes(size: int) -> str:
@@ -264,6 +287,10 @@ def _udp() -> list[Workload]:
     ]
 
 
+#: The JSON body of the uvicorn-json workloads (benchmarks.workloads.apps.check_item).
+ITEM = '{"name": "widget", "price": 9.5, "quantity": 3, "tags": ["blue", "small"]}'
+
+
 def _openloop() -> list[Workload]:
     """Issue #43's open-loop workloads beyond ``openloop-1k``
     (benchmarks.workloads.openloop), on the suite's servers: latency from
@@ -289,13 +316,66 @@ def _openloop() -> list[Workload]:
                  "open-loop latency: 1 KiB echo over TLS 1.3, protocol server, at 50 %, 80 % "
                  f"and 95 % of the capacity measured first, {about}", "echo-protocol", "open",
                  10, loads=(50, 80, 95), loops=_TLS_EVENT_LOOPS, tls=True, needs=("trustme",)),
+        Workload("openloop-tls-1k-uvloop80",
+                 "open-loop latency: 1 KiB echo over TLS 1.3, protocol server, at 80 % of "
+                 f"uvloop's capacity in the same run on every loop, {about}", "echo-protocol",
+                 "open", 10, loads=(80,), loops=_TLS_EVENT_LOOPS, tls=True, rate_of="uvloop",
+                 needs=("trustme",)),
+        Workload("openloop-uvicorn-json-uvloop80",
+                 "open-loop latency: uvicorn + Starlette (httptools), POST /items/{id} with a "
+                 f"JSON body, pipelined, at 80 % of uvloop's capacity in the same run on every "
+                 f"loop, {about}", "uvicorn-json", "open", 10, path="/items/42",
+                 loads=(80,), protocol="http-post-json", body=ITEM, rate_of="uvloop",
+                 needs=("uvicorn>=0.36", "starlette", "httptools")),
+    ]
+
+
+#: The uvicorn loops (uvicorn-plaintext's) and, over TLS, the TLS workloads'
+#: but the aiofastnet pairings, which uvicorn's --loop cannot name.
+_UVICORN_TLS_LOOPS = tuple(n for n in _TLS_EVENT_LOOPS if SPECS[n].kind != "aiofastnet")
+
+
+def _apps() -> list[Workload]:
+    """Issue #43's application workloads (benchmarks.workloads.apps): an
+    app's own work beside each loop's, by name only, on every loop that
+    can run them, plain and, where the app would be, over TLS 1.3."""
+    uvicorn = ("uvicorn>=0.36", "starlette")
+    json_about = ("uvicorn + Starlette {}, POST /items/{{id}} with a {} B JSON body checked "
+                  "by hand, a JSON answer, keep-alive, 10 connections")
+    return [
+        Workload("uvicorn-json", json_about.format("(httptools)", len(ITEM)), "uvicorn-json",
+                 "wrk", 10, len(ITEM), path="/items/42", method="POST", body=ITEM,
+                 needs=(*uvicorn, "httptools")),
+        Workload("uvicorn-json-h11", json_about.format("(h11)", len(ITEM)), "uvicorn-json",
+                 "wrk", 10, len(ITEM), path="/items/42", server_args=("--http", "h11"),
+                 method="POST", body=ITEM, needs=(*uvicorn, "h11")),
+        Workload("uvicorn-json-tls", json_about.format("(httptools) over TLS 1.3", len(ITEM)),
+                 "uvicorn-json", "wrk", 10, len(ITEM), path="/items/42",
+                 loops=_UVICORN_TLS_LOOPS, tls=True, method="POST", body=ITEM,
+                 needs=(*uvicorn, "httptools", "trustme")),
+        Workload("aiohttp-pg", "aiohttp, GET /users/{id} answering JSON from one PostgreSQL "
+                 f"query through an asyncpg pool of {PG_POOL}, keep-alive, 10 connections",
+                 "aiohttp-pg", "wrk", 10, path="/users/42", needs=("aiohttp", "asyncpg"),
+                 services=("postgres",)),
+        Workload("aiohttp-pg-tls", "aiohttp over TLS 1.3, GET /users/{id} answering JSON from "
+                 f"one PostgreSQL query through an asyncpg pool of {PG_POOL}, keep-alive, "
+                 "10 connections", "aiohttp-pg", "wrk", 10, path="/users/42",
+                 loops=_TLS_EVENT_LOOPS, tls=True, needs=("aiohttp", "asyncpg", "trustme"),
+                 services=("postgres",)),
+        Workload("ws-broadcast-1000", f"websockets: {MESSAGE} B broadcast to 1,000 connections, "
+                 "the next once every connection has the last; per message delivered, "
+                 "latency to a broadcast's last delivery", "ws-broadcast", "ws", 1000,
+                 response=MESSAGE, unit="message", needs=("websockets>=13.0",)),
+        Workload("redis-proxy", "Redis protocol on asyncio.Protocol, GET from a dict, 16 "
+                 "pipelined commands per write, 64 B values, 10 connections", "resp", "resp",
+                 10, response=64, unit="command", pipeline=16),
     ]
 
 
 #: The ``needs`` that pyproject.toml's bench extra leaves out off CPython:
 #: no wheel for PyPy 8.0's ABI for httptools, nor for the cryptography that
-#: trustme needs.
-CPYTHON_ONLY = ("httptools", "trustme")
+#: trustme needs; asyncpg does not support PyPy.
+CPYTHON_ONLY = ("httptools", "trustme", "asyncpg")
 
 
 def missing(w: Workload, implementation: str = sys.implementation.name) -> str | None:
@@ -312,6 +392,10 @@ def missing(w: Workload, implementation: str = sys.implementation.name) -> str |
             return f"{w.name} needs {name}, which is not installed (pip install '{need}')"
         if least and _release(have) < _release(least):
             return f"{w.name} needs {need}; this is {name} {have} (pip install -U '{need}')"
+    for service in w.services:
+        why = services_file.missing(service)
+        if why:
+            return f"{w.name} needs {service}: {why}"
     return None
 
 
@@ -363,5 +447,6 @@ WORKLOADS: dict[str, Workload] = {
         *_tls(),
         *_udp(),
         *_openloop(),
+        *_apps(),
     )
 }

@@ -15,7 +15,9 @@ Kinds of load:
 - ``echo``: ``--concurrency`` connections, each sends ``--request`` bytes and
   waits for ``--response`` bytes back, then repeats (request-response);
 - ``http``: keep-alive ``GET --path`` over HTTP/1.1, one request in flight
-  per connection (wrk's model, used when wrk is not installed);
+  per connection (wrk's model, used when wrk is not installed); with
+  ``--method``/``--body`` another method with a JSON body; a response
+  whose status is not 2xx is counted (``non_2xx``), as wrk counts them;
 - ``churn``: a new connection per request (connect, request, response, close);
 - ``pipe``: one connection; writes ``--request``-byte chunks whenever its
   write buffer is empty and counts what comes back (node's tcp-raw-pipe);
@@ -33,7 +35,19 @@ Kinds of load:
   not all come back within :data:`LOSS_TIMEOUT` counts the missing ones as
   ``lost`` (in the result) and the next burst starts; an echo of an earlier
   burst (each datagram starts with its burst's number) counts as ``late``
-  and is not counted.
+  and is not counted;
+- ``ws``: ``--concurrency`` WebSocket connections to the ``ws-broadcast``
+  server (benchmarks.workloads.apps), each reading the broadcasts; when
+  every connection has received one, the first connection acknowledges it
+  and the server sends the next.  The count is of messages delivered, the
+  latency a broadcast's, from its send time (in the message) to its last
+  delivery.  It holds its connections until the end of its input, so that
+  their closing is not in the server's window;
+- ``resp``: ``--concurrency`` connections to the ``resp`` server, each
+  SETting its ``--pipeline`` keys (``--response`` bytes each) once, then
+  sending ``--pipeline`` GETs of them in one write and waiting for all
+  their replies (checked byte for byte), again; the count is of commands,
+  the latency a pipeline's.
 
 ``--tls`` makes every connection of ``echo``, ``http``, ``churn`` and
 ``idle`` over TLS 1.3 (benchmarks.harness.tls), in the client loop's own TLS
@@ -54,11 +68,11 @@ import time
 from typing import Any
 
 from benchmarks.harness import loops, maths, tls
-from benchmarks.workloads import fairness
+from benchmarks.workloads import apps, fairness
 from benchmarks.workloads.control import finish, raise_fd_limit
 from benchmarks.workloads.server import STARTTLS, STARTTLS_OK
 
-KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness", "udp", "quic")
+KINDS = ("echo", "http", "churn", "pipe", "idle", "fairness", "udp", "quic", "ws", "resp")
 TLS_KINDS = ("echo", "http", "churn", "idle", "quic")
 STARTTLS_KINDS = ("echo",)
 MiB = 1 << 20
@@ -78,6 +92,8 @@ class Meter:
         self.latencies: list[float] = []
         self.active = 0
         self.idle = asyncio.Event()
+        self.non_2xx = 0  # http: responses whose status is not 2xx
+        self.errors: list[str] = []  # resp: answers other than the ones due
 
     def done(self, started: float) -> None:
         if self.counting:
@@ -145,6 +161,8 @@ class HttpConnection(RequestResponse):
             end = self.buffer.find(b"\r\n\r\n")
             if end < 0:
                 return
+            if self.buffer[9:10] != b"2":  # "HTTP/1.1 200 OK"
+                self.meter.non_2xx += 1
             length = 0
             for line in self.buffer[:end].split(b"\r\n"):
                 if line[:15].lower() == b"content-length:":
@@ -287,6 +305,144 @@ async def udp_clients(meter: Meter, args: argparse.Namespace) -> list[UdpClient]
     return out
 
 
+def http_request(method: str, path: str, body: str) -> bytes:
+    """An HTTP/1.1 request: a GET without body, or *method* with a JSON *body*."""
+    if method == "GET" and not body:
+        return f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+    data = body.encode()
+    return (f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+def resp_command(*args: bytes) -> bytes:
+    """A command of the Redis protocol: an array of bulk strings."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
+
+
+class RespClient(RequestResponse):
+    """One ``resp`` connection: its keys SET once, then pipelines of GETs,
+    every reply checked against what the SETs stored."""
+
+    def __init__(self, meter: Meter, index: int, pipeline: int, size: int) -> None:
+        keys = [b"key:%d:%d" % (index, i) for i in range(pipeline)]
+        value = bytes([97 + index % 26]) * size
+        self.setup: bytes | None = b"".join(resp_command(b"SET", k, value) for k in keys)
+        self.setup_reply = b"+OK\r\n" * pipeline
+        self.expected = b"$%d\r\n%b\r\n" % (size, value) * pipeline
+        self.buffer = b""
+        super().__init__(meter, b"".join(resp_command(b"GET", k) for k in keys),
+                         len(self.expected))
+
+    def send(self) -> None:
+        self.buffer = b""
+        if self.setup is not None:
+            self.transport.write(self.setup)
+            return
+        super().send()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer = self.buffer + data if self.buffer else data
+        want = self.setup_reply if self.setup is not None else self.expected
+        if len(self.buffer) < len(want):
+            return
+        if self.buffer != want:
+            self.meter.errors.append(f"the server answered {self.buffer[:80]!r}..., "
+                                     f"not {want[:80]!r}...")
+            self.transport.close()
+            return
+        if self.setup is not None:  # the keys are set: the pipelines start
+            self.setup = None
+            self.send()
+            return
+        self.meter.done(self.started)
+        if self.meter.stopping:
+            self.transport.close()
+        else:
+            self.send()
+
+
+class WsClient(asyncio.Protocol):
+    """One ``ws`` connection: the opening handshake, then every broadcast
+    reported to *deliveries*; *complete(seq, sent_ns)* when this connection
+    was the last to receive broadcast *seq*."""
+
+    def __init__(self, index: int, port: int, deliveries: apps.Deliveries,
+                 complete: Any) -> None:
+        import base64
+        import os
+
+        self.index = index
+        self.port = port
+        self.deliveries = deliveries
+        self.complete = complete
+        self.key = base64.b64encode(os.urandom(16))
+        self.mask = os.urandom(4)
+        self.buffer = b""
+        self.upgraded = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(apps.ws_handshake(self.port, self.key))
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.upgraded.done():
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
+            if (not head.startswith(b"HTTP/1.1 101 ")
+                    or apps.ws_accept(self.key) not in head):
+                self.upgraded.set_exception(RuntimeError(f"no upgrade: {head[:200]!r}"))
+                return
+            self.upgraded.set_result(None)
+        frames, self.buffer = apps.ws_frames(self.buffer)
+        for opcode, payload in frames:
+            if opcode != 2:  # the broadcasts are binary; nothing else comes unasked
+                continue
+            seq = int.from_bytes(payload[:8], "little")
+            if self.deliveries.deliver(self.index, seq):
+                self.complete(seq, int.from_bytes(payload[8:16], "little"))
+
+    def ack(self, seq: int) -> None:
+        """Acknowledge broadcast *seq* (0: start the broadcasts)."""
+        self.transport.write(apps.ws_masked(seq.to_bytes(8, "little"), self.mask))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.upgraded.done():
+            self.upgraded.set_exception(ConnectionError("closed before the upgrade"))
+
+
+async def ws_clients(meter: Meter, args: argparse.Namespace,
+                     done: asyncio.Future[None]) -> list[WsClient]:
+    """The ``ws`` kind's connections, upgraded, the broadcasts started."""
+    loop = asyncio.get_running_loop()
+    deliveries = apps.Deliveries(args.concurrency)
+    conns: list[WsClient] = []
+
+    def complete(seq: int, sent_ns: int) -> None:
+        if meter.counting:
+            meter.requests += 1
+            meter.units += args.concurrency
+            meter.latencies.append((time.monotonic_ns() - sent_ns) / 1e9)
+        if meter.stopping:
+            finish(done)
+        else:
+            conns[0].ack(seq)
+
+    async def connect(index: int) -> WsClient:
+        _, proto = await loop.create_connection(
+            lambda: WsClient(index, args.port, deliveries, complete), "127.0.0.1", args.port)
+        await proto.upgraded
+        return proto
+
+    for first in range(0, args.concurrency, 100):  # within the server's backlog
+        conns += await asyncio.gather(*(connect(i) for i in range(
+            first, min(first + 100, args.concurrency))))
+    conns[0].ack(0)
+    return conns
+
+
 def _returns(protocol: asyncio.Protocol) -> Any:
     return lambda: protocol
 
@@ -361,7 +517,7 @@ async def wait_for_go() -> None:
     await go
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace) -> dict[str, Any] | None:
     loop = asyncio.get_running_loop()
     if args.kind == "quic":
         from benchmarks.workloads import quic
@@ -376,10 +532,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks: list[Any] = []
     conns: list[Any] = []
     options = _tls_options(args.tls)
-    if args.kind in ("echo", "http", "idle"):
+    broadcasts: asyncio.Future[None] = loop.create_future()  # ws: the last one is complete
+    if args.kind in ("echo", "http", "idle", "resp"):
         if args.kind == "http":
-            request = f"GET {args.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+            request = http_request(args.method, args.path, args.body)
             make: Any = lambda: HttpConnection(meter, request, 0)  # noqa: E731
+        elif args.kind == "resp":
+            make = lambda: RespClient(meter, len(conns), args.pipeline,  # noqa: E731
+                                      args.response)
         elif args.kind == "idle":
             request = b"i"
             make = lambda: RequestResponse(meter, request, 1, hold=True)  # noqa: E731
@@ -394,6 +554,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             conns.append(proto)
     elif args.kind == "udp":
         conns = await udp_clients(meter, args)
+    elif args.kind == "ws":
+        conns = await ws_clients(meter, args, broadcasts)
     elif args.kind == "churn":
         tasks = [asyncio.ensure_future(churn_worker(meter, args.port, request, args.response,
                                                     args.tls))
@@ -420,6 +582,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"requests": len(conns), "elapsed": time.perf_counter() - started}
     await asyncio.sleep(args.duration)
     meter.stopping = True
+    if args.kind == "ws":
+        await asyncio.wait_for(broadcasts, 30)
+        elapsed = time.perf_counter() - started
+        p50, p99 = maths.percentiles(meter.latencies, 50, 99)
+        print(json.dumps({"requests": meter.units, "elapsed": elapsed, "p50_us": p50 * 1e6,
+                          "p99_us": p99 * 1e6, "broadcasts": meter.requests}), flush=True)
+        await wait_for_go()  # the end of input: the server's last mark is taken
+        for c in conns:
+            c.transport.abort()
+        return None
     if args.kind == "pipe":
         await asyncio.wait_for(pipe.drained, 30)
         elapsed = time.perf_counter() - started
@@ -430,11 +602,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     for task in tasks:
         await task
+    if meter.errors:
+        raise RuntimeError(f"{len(meter.errors)} connection(s) failed: {meter.errors[0]}")
     if not meter.latencies:
         raise RuntimeError("no request completed in the measured window")
     p50, p99 = maths.percentiles(meter.latencies, 50, 99)
     out = {"requests": meter.requests, "elapsed": elapsed, "p50_us": p50 * 1e6,
            "p99_us": p99 * 1e6}
+    if args.kind == "http" and meter.non_2xx:
+        out["non_2xx"] = meter.non_2xx
+    if args.kind == "resp":  # per command; a pipeline's latency
+        out.update(requests=meter.requests * args.pipeline, pipelines=meter.requests)
     if args.kind == "udp":  # per datagram echoed; a burst's latency
         out.update(requests=meter.units, bursts=meter.requests,
                    lost=sum(c.lost for c in conns), late=sum(c.late for c in conns))
@@ -449,6 +627,10 @@ def main() -> None:
     parser.add_argument("--request", type=int, default=1024, help="bytes per request/chunk")
     parser.add_argument("--response", type=int, default=1024, help="bytes per response")
     parser.add_argument("--path", default="/", help="http: the path to GET")
+    parser.add_argument("--method", default="GET", help="http: the request's method")
+    parser.add_argument("--body", default="", help="http: the request's JSON body")
+    parser.add_argument("--pipeline", type=int, default=16,
+                        help="resp: commands per write, each connection")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=1.0)
     parser.add_argument("--tls", action="store_true",
@@ -475,7 +657,8 @@ def main() -> None:
         result = loop.run_until_complete(run(args))
     finally:
         loop.close()
-    print(json.dumps(result), flush=True)
+    if result is not None:  # ws prints its own before it lets go of its connections
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,15 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                  ("polls/dgram", "poll_waits_per_unit", "{:.3f}"),
                  ("read events/dgram", "datagram_read_events_per_unit", "{:.3f}"),
                  ("recvs/dgram", "datagram_recv_per_unit", "{:.3f}")],
+    # ws-broadcast: a message delivered to one connection; the latencies
+    # are a broadcast's, from its send to its last delivery.
+    "message": [("msg/s", "rate", "{:,.0f}"), ("CPU µs/msg", "cpu_us_per_unit", "{:.2f}"),
+                ("last delivery p50 µs", "p50_us", "{:,.0f}"),
+                ("last delivery p99 µs", "p99_us", "{:,.0f}")],
+    # redis-proxy: one command of a pipeline; the latencies are a pipeline's.
+    "command": [("cmd/s", "rate", "{:,.0f}"), ("CPU µs/cmd", "cpu_us_per_unit", "{:.2f}"),
+                ("pipeline p50 µs", "p50_us", "{:,.0f}"),
+                ("pipeline p99 µs", "p99_us", "{:,.0f}")],
     "fairness": [("Jain conns", "jain", "{:.3f}"), ("Jain reqs", "jain_requests", "{:.3f}"),
                  ("max/min", "max_min", "{:.2f}"), ("conn/s", "conns_per_s", "{:,.0f}"),
                  ("req/s", "req_per_s", "{:,.0f}"), ("CPU µs/req", "server_cpu_us_per_req",
@@ -62,6 +71,8 @@ RATIO_COLUMNS: dict[str, tuple[str, str, str]] = {
     "connection": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
     "MiB": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
     "datagram": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
+    "message": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
+    "command": ("CPU vs asyncio", "cpu_us_per_unit", "asyncio"),
     "fairness": ("conn/s vs batch", "conns_per_s", "relaxed-batch"),
 }
 #: Per kind of workload, the figure the summary compares and whether a
@@ -71,6 +82,8 @@ SUMMARY_METRICS: dict[str, tuple[str, bool]] = {
     "connection": ("cpu_us_per_unit", True),
     "MiB": ("gbit_s", False),
     "datagram": ("cpu_us_per_unit", True),
+    "message": ("cpu_us_per_unit", True),
+    "command": ("cpu_us_per_unit", True),
     "idle": ("bytes_per_unit", True),
     "fairness": ("jain", False),
     "split": ("cpu_us_per_unit_two", True),
@@ -132,14 +145,14 @@ def rows(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The header and the rows of one workload's table."""
     cols = columns(entry)
     header = ["loop", *(title for title, _, _ in cols)]
-    unit = {"request": "req", "connection": "conn", "MiB": "MiB",
-            "datagram": "dgram"}.get(entry["unit"], "req")
+    unit = {"request": "req", "connection": "conn", "MiB": "MiB", "datagram": "dgram",
+            "message": "msg", "command": "cmd"}.get(entry["unit"], "req")
     ratio_column = RATIO_COLUMNS.get(kind(entry))
     if ratio_column:
         title, metric, against = ratio_column
         base = entry["loops"].get(against, {}).get("median", {}).get(metric)
         header.append(title)
-    has_sys = kind(entry) in ("request", "connection", "MiB") and any(
+    has_sys = kind(entry) in ("request", "connection", "MiB", "message", "command") and any(
         "syscalls_strace" in v or "poll_waits_per_unit" in v["median"]
         for v in entry["loops"].values())
     if has_sys:
@@ -335,8 +348,9 @@ def charts(doc: dict[str, Any]) -> dict[str, Any] | None:
         return None
     made: dict[str, Any] = {}
     specs: tuple[tuple[str, str, Callable[[dict[str, Any]], bool], str], ...] = (
-        ("server CPU per request, connection, MiB or datagram (lower is better)",
-         "cpu_us_per_unit", lambda e: kind(e) in ("request", "connection", "MiB", "datagram"),
+        ("server CPU per request, connection, MiB, datagram, message or command (lower is "
+         "better)", "cpu_us_per_unit",
+         lambda e: kind(e) in ("request", "connection", "MiB", "datagram", "message", "command"),
          "µs per {unit}"),
         ("accept fairness (Jain's index over connections, 1 = even)", "jain",
          lambda e: kind(e) == "fairness", "Jain's index"),

@@ -180,7 +180,19 @@ def client_command(w: Workload, warmup: float, duration: float,
         "--concurrency", str(w.concurrency), "--request", str(w.request),
         "--response", str(w.response), "--path", path or w.path,
         "--warmup", str(warmup), "--duration", str(duration), *_tls_flag(w),
-        *(("--burst", str(w.burst)) if w.client == "udp" else ()))
+        *(("--burst", str(w.burst)) if w.client == "udp" else ()), *_request_flags(w))
+
+
+def _request_flags(w: Workload) -> tuple[str, ...]:
+    """The built-in client's options for *w*'s method, body and pipeline,
+    where they are not the defaults (the commands of the workloads before
+    them stay as they were)."""
+    out: tuple[str, ...] = ()
+    if w.method != "GET" or w.body:
+        out += ("--method", w.method, "--body", w.body)
+    if w.client == "resp":
+        out += ("--pipeline", str(w.pipeline))
+    return out
 
 
 def _tls_flag(w: Workload) -> tuple[str, ...]:
@@ -338,8 +350,10 @@ def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
         # Minor page faults: glibc serving stock's recv(256 KiB) by mmap
         # (a fault or more per read) rather than from the heap shows here.
         sample["faults_per_unit"] = (after["minflt"] - before["minflt"]) / units
+    if result.get("non_2xx"):
+        raise RuntimeError(f"{w.name} on {loop}: {result['non_2xx']} responses were not 2xx")
     for key in ("p50_us", "p99_us", "p999_us", "max_us", "achieved_rate", "client_cpu",
-                "lag_p99_us", "lag_max_us", "lost", "late", "bursts"):
+                "lag_p99_us", "lag_max_us", "lost", "late", "bursts", "broadcasts", "pipelines"):
         if key in result:
             sample[key] = result[key]
     if "statistics" in after:
@@ -416,12 +430,35 @@ def parse_wrk(text: str) -> dict[str, float]:
     return out
 
 
+def wrk_script(w: Workload) -> str | None:
+    """wrk's Lua script for *w*'s method and JSON body, or None for a GET
+    without body."""
+    if w.method == "GET" and not w.body:
+        return None
+    return (f"wrk.method = {_lua(w.method)}\nwrk.body = {_lua(w.body)}\n"
+            'wrk.headers["Content-Type"] = "application/json"\n')
+
+
+def _lua(text: str) -> str:
+    """*text* as a Lua string literal: JSON's escapes of a str without control
+    characters (\\" \\\\) are Lua's, and UTF-8 goes through as it is."""
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
+
+
 def _wrk(port: int, w: Workload, seconds: int, cpu: int | None,
          path: str | None = None) -> dict[str, Any]:
     scheme = "https" if w.tls else "http"  # wrk's own TLS (OpenSSL) for https-0b
-    out, _ = processes.call(
-        ["wrk", "-t1", f"-c{w.concurrency}", f"-d{seconds}s", "--latency",
-         f"{scheme}://127.0.0.1:{port}{path or w.path}"], timeout=seconds + 30, cpu=cpu)
+    script = wrk_script(w)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as f:
+        if script:
+            f.write(script)
+            f.flush()
+        out, _ = processes.call(
+            ["wrk", "-t1", f"-c{w.concurrency}", f"-d{seconds}s", "--latency",
+             *(("-s", f.name) if script else ()),
+             f"{scheme}://127.0.0.1:{port}{path or w.path}"], timeout=seconds + 30, cpu=cpu)
     return parse_wrk(out)
 
 

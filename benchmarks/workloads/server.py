@@ -21,6 +21,11 @@ workload's, nothing else differs between loops):
 - ``http``: an aiohttp app, ``GET /`` returns 0 bytes, ``GET /4k`` 4 KiB;
 - ``uvicorn``: uvicorn with httptools serving an ASGI app, on the loop
   uvicorn's own ``--loop`` option makes (benchmarks.workloads.asgi);
+- ``uvicorn-json``, ``aiohttp-pg``, ``ws-broadcast``, ``resp``: the
+  application workloads' servers (benchmarks.workloads.apps): uvicorn +
+  Starlette's JSON endpoint (``--http httptools`` or ``h11``), aiohttp with
+  a PostgreSQL query per request, a websockets broadcast, a Redis-protocol
+  server;
 - ``quic``: aioquic's QUIC server on the loop's datagram endpoint,
   counting the client's streams (benchmarks.workloads.quic);
 - ``udp-echo``: a datagram endpoint (``create_datagram_endpoint``, on the
@@ -29,9 +34,10 @@ workload's, nothing else differs between loops):
   whose ``create_datagram_endpoint`` raises NotImplementedError says so
   (control.unsupported).
 
-``--tls`` serves ``echo-protocol`` and ``http`` over TLS 1.3
-(``create_server(ssl=)``, aiohttp's ``ssl_context``; benchmarks.harness.tls
-has the certificates).  A loop whose ``create_server(ssl=)`` refuses
+``--tls`` serves ``echo-protocol``, ``http``, ``uvicorn-json`` and
+``aiohttp-pg`` over TLS 1.3 (``create_server(ssl=)``, aiohttp's
+``ssl_context``, uvicorn's ``ssl_certfile``; benchmarks.harness.tls has the
+certificates).  A loop whose ``create_server(ssl=)`` refuses
 (NotImplementedError, or a TypeError for the keyword) says so instead of
 listening (control.unsupported), and the runner notes it.
 
@@ -59,7 +65,7 @@ import ssl
 from typing import Any
 
 from benchmarks.harness import checkout, loops, tls
-from benchmarks.workloads import asgi, floors
+from benchmarks.workloads import apps, asgi, floors
 from benchmarks.workloads.control import (
     control,
     finish,
@@ -70,9 +76,11 @@ from benchmarks.workloads.control import (
 from benchmarks.workloads.floors import READ_SIZE, aligned_buffer, udp_socket
 
 KINDS = ("echo-protocol", "echo-buffered", "echo-streams", "pipe", "pieces", "split", "http",
-         "uvicorn", "udp-echo", "quic")
+         "uvicorn", "udp-echo", "quic", "uvicorn-json", *apps.SERVERS)
 #: The kinds that serve over TLS with --tls (quic: always, TLS 1.3 in QUIC).
-TLS_KINDS = ("echo-protocol", "http", "quic")
+TLS_KINDS = ("echo-protocol", "http", "quic", "uvicorn-json", "aiohttp-pg")
+#: The kinds uvicorn serves, on the loop it makes.
+UVICORN_KINDS = {"uvicorn": "plaintext", "uvicorn-json": "json"}
 #: The kinds that serve over TLS with --starttls.
 STARTTLS_KINDS = ("echo-protocol",)
 #: The plain exchange before start_tls: the client's line, the server's answer.
@@ -371,6 +379,8 @@ def main() -> None:
                         help=f"over TLS 1.3 ({', '.join(TLS_KINDS)})")
     parser.add_argument("--starttls", action="store_true",
                         help=f"plain, then TLS 1.3 by start_tls ({', '.join(STARTTLS_KINDS)})")
+    parser.add_argument("--http", choices=("httptools", "h11"), default="httptools",
+                        help="uvicorn kinds: uvicorn's HTTP protocol (httptools)")
     args = parser.parse_args()
     if args.tls and args.kind not in TLS_KINDS:
         parser.error(f"--tls serves --kind {' or '.join(TLS_KINDS)} only")
@@ -378,8 +388,8 @@ def main() -> None:
         parser.error(f"--starttls serves --kind {' or '.join(STARTTLS_KINDS)} only, "
                      "without --tls")
     raise_fd_limit()
-    if args.kind == "uvicorn":  # uvicorn makes the loop itself, from its --loop option
-        asgi.serve(args.loop)
+    if args.kind in UVICORN_KINDS:  # uvicorn makes the loop itself, from its --loop option
+        asgi.serve(args.loop, UVICORN_KINDS[args.kind], args.http, args.tls)
         return
     spec = loops.SPECS[args.loop]
     if spec.kind == "floor":
@@ -394,6 +404,9 @@ def main() -> None:
             from benchmarks.workloads import quic
 
             loop.run_until_complete(quic.serve(loop))
+            return
+        if args.kind in apps.SERVERS:
+            loop.run_until_complete(apps.SERVERS[args.kind](args))
             return
         loop.run_until_complete(serve_udp(loop) if args.kind == "udp-echo" else serve(args))
     finally:
