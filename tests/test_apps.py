@@ -91,36 +91,6 @@ def test_resp_protocol_answers_every_command_of_a_read_in_one_write() -> None:
 # -- ws-broadcast ----------------------------------------------------------------------
 
 
-def test_ws_accept_key_is_rfc_6455s() -> None:
-    assert apps.ws_accept(b"dGhlIHNhbXBsZSBub25jZQ==") == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
-
-
-def test_ws_frames_cut_at_every_byte() -> None:
-    payloads = [b"x" * 64, b"y" * 300, b"z" * 70_000, b""]
-    stream = b""
-    for p in payloads:
-        if len(p) < 126:
-            head = bytes((0x82, len(p)))
-        elif len(p) < 65536:
-            head = bytes((0x82, 126)) + len(p).to_bytes(2, "big")
-        else:
-            head = bytes((0x82, 127)) + len(p).to_bytes(8, "big")
-        stream += head + p
-    want = [(2, p) for p in payloads]
-    for cut in [*range(0, 400), *range(len(stream) - 80, len(stream) + 1)]:
-        first, rest = apps.ws_frames(stream[:cut])
-        second, left = apps.ws_frames(rest + stream[cut:])
-        assert first + second == want and left == b"", cut
-    with pytest.raises(ValueError, match="masked"):
-        apps.ws_frames(apps.ws_masked(b"ack", b"abcd"))
-
-
-def test_ws_masked_frame_unmasks_to_its_payload() -> None:
-    frame = apps.ws_masked(b"\x07" + bytes(7), b"\x01\x02\x03\x04")
-    assert frame[:2] == b"\x82\x88" and frame[2:6] == b"\x01\x02\x03\x04"
-    assert bytes(b ^ frame[2 + i % 4] for i, b in enumerate(frame[6:])) == b"\x07" + bytes(7)
-
-
 def test_broadcaster_sends_the_next_message_on_the_last_ones_ack() -> None:
     b = apps.Broadcaster()
     first = b.ack((0).to_bytes(8, "little"))  # the client's start

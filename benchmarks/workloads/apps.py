@@ -384,59 +384,6 @@ def tls_paths() -> dict[str, Any]:
 
 # -- the ws client's side of the broadcasts (benchmarks.workloads.client) ---------------
 
-#: RFC 6455's GUID, hashed with the client's key into the server's accept key.
-WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-
-
-def ws_handshake(port: int, key: bytes) -> bytes:
-    """The client's opening handshake (no extension offered: no compression)."""
-    return (b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
-            b"Connection: Upgrade\r\nSec-WebSocket-Key: %b\r\n"
-            b"Sec-WebSocket-Version: 13\r\n\r\n" % (port, key))
-
-
-def ws_accept(key: bytes) -> bytes:
-    """The ``Sec-WebSocket-Accept`` a server answers *key* with."""
-    import base64
-    import hashlib
-
-    return base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
-
-
-def ws_frames(buffer: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """(opcode, payload) of every whole frame at the start of *buffer*, a
-    server's (unmasked, unfragmented), and the bytes after them."""
-    out = []
-    pos, n = 0, len(buffer)
-    while n - pos >= 2:
-        first, second = buffer[pos], buffer[pos + 1]
-        if second & 0x80 or not first & 0x80:
-            raise ValueError("a masked or fragmented frame from the server")
-        length, head = second & 0x7F, 2
-        if length == 126:
-            if n - pos < 4:
-                break
-            length, head = int.from_bytes(buffer[pos + 2:pos + 4], "big"), 4
-        elif length == 127:
-            if n - pos < 10:
-                break
-            length, head = int.from_bytes(buffer[pos + 2:pos + 10], "big"), 10
-        if n - pos < head + length:
-            break
-        out.append((first & 0x0F, buffer[pos + head:pos + head + length]))
-        pos += head + length
-    return out, buffer[pos:]
-
-
-def ws_masked(payload: bytes, mask: bytes, opcode: int = 2) -> bytes:
-    """A client's frame (masked with the 4 bytes of *mask*) of fewer than
-    126 bytes: binary by default."""
-    if len(payload) > 125:
-        raise ValueError("a short frame only")
-    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return bytes((0x80 | opcode, 0x80 | len(payload))) + mask + masked
-
-
 class Deliveries:
     """The client's side of the broadcasts: which one is under way, which
     connections have it.  Each connection must receive every broadcast
