@@ -36,7 +36,8 @@ Kinds of load:
   ``lost`` (in the result) and the next burst starts; an echo of an earlier
   burst (each datagram starts with its burst's number) counts as ``late``
   and is not counted;
-- ``ws``: ``--concurrency`` WebSocket connections (websockets' Sans-I/O client protocol over an asyncio.Protocol each) to the ``ws-broadcast``
+- ``ws``: ``--concurrency`` WebSocket connections (websockets' Sans-I/O
+  client protocol over an asyncio.Protocol each) to the ``ws-broadcast``
   server (benchmarks.workloads.apps), each reading the broadcasts; when
   every connection has received one, the first connection acknowledges it
   and the server sends the next.  The count is of messages delivered, the
