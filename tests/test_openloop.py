@@ -205,8 +205,14 @@ def test_exact_percentiles_without_the_histogram() -> None:
     assert _us(rec.percentiles(50, 99, 99.9)) == [pytest.approx(500.5), pytest.approx(990.01),
                                                    pytest.approx(999.001)]
     figures = rec.figures("lag_")
+    spectrum = figures.pop("lag_spectrum_us")
     assert figures == {"lag_p50_us": pytest.approx(500.5), "lag_p99_us": pytest.approx(990.01),
                        "lag_p999_us": pytest.approx(999.001), "lag_max_us": pytest.approx(1000)}
+    # The distribution: each percentile 1,000 values resolve (99.9 %: one
+    # value above it; not 99.95 %), then the maximum.
+    assert [q for q, _ in spectrum] == [50, 75, 90, 95, 99, 99.5, 99.9, 100]
+    assert spectrum[0][1] == pytest.approx(500.5) and spectrum[-1][1] == pytest.approx(1000)
+    assert [v for _, v in spectrum] == sorted(v for _, v in spectrum)
     with pytest.raises(ValueError):
         openloop.Recorder(hdr=False).percentiles(50)
 
@@ -452,3 +458,38 @@ def test_smoke_openloop_http_through_the_command_line(tmp_path: Path) -> None:
         assert 0 < med[f"p50_us_{load}"] <= med[f"p99_us_{load}"] <= med[f"max_us_{load}"]
         assert med[f"client_cpu_{load}"] > 0 and med[f"achieved_rate_{load}"] > 0
         assert med[f"target_{load}"] == pytest.approx(med["rate"] * load / 100)
+
+
+# -- the latency chart --------------------------------------------------------------
+
+
+def _open_entry(p99s: dict[str, list[float]]) -> dict[str, Any]:
+    """A run's open-loop entry at load 80, each loop's repeats with these
+    p99s, each repeat's distribution tagged by its p99."""
+    return {"name": "openloop-x", "unit": "request",
+            "params": {"server": "echo-protocol", "client": "open", "loads": [80],
+                       "rate_of": "uvloop"},
+            "loops": {name: {"samples": [{"p99_us_80": p, "spectrum_us_80": [[50, p / 2], [100, p]]}
+                                         for p in values], "median": {}}
+                      for name, values in p99s.items()}}
+
+
+def test_the_chart_draws_each_loops_median_repeat() -> None:
+    from benchmarks.workloads import report
+
+    [(title, per_loop)] = report.spectra(_open_entry({"uvloop": [30, 10, 20],
+                                                      "relaxed-eager": [5, 9, 7, 8]}))
+    assert title == "openloop-x @80% of uvloop's capacity"
+    assert per_loop == {"uvloop": [[50, 10], [100, 20]],  # the median of 10, 20, 30
+                        "relaxed-eager": [[50, 3.5], [100, 7]]}  # the lower middle of four
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = {"started": "now", "workloads": [_open_entry({"uvloop": [10]})]}
+    figure = report.latency_chart(doc, plt)
+    assert figure is not None and len(figure.axes[0].lines) == 1
+    plt.close(figure)
+    assert report.latency_chart({"started": "now", "workloads": []}, plt) is None

@@ -150,6 +150,11 @@ class Schedule:
 # -- what was measured ----------------------------------------------------------
 
 
+#: The percentiles of a window's latency distribution in its figures
+#: (``spectrum_us``), as HdrHistogram's percentile distributions step them.
+SPECTRUM = (50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 99.999)
+
+
 class Recorder:
     """Durations in seconds: their count, exact maximum and percentiles.
 
@@ -193,11 +198,20 @@ class Recorder:
         # A bucket's highest equivalent value can pass the largest recorded.
         return [min(self.histogram.get_value_at_percentile(q) / 1e6, self.max) for q in qs]
 
-    def figures(self, prefix: str = "") -> dict[str, float]:
-        """p50, p99, p99.9 and the maximum in µs, keys ``{prefix}p50_us``..."""
+    def figures(self, prefix: str = "") -> dict[str, Any]:
+        """p50, p99, p99.9 and the maximum in µs, keys ``{prefix}p50_us``...,
+        and ``{prefix}spectrum_us``: [percentile, µs] at each of
+        :data:`SPECTRUM` that the count resolves (a rank of at least one
+        value above it), then [100, the maximum]: the distribution the
+        report's latency chart draws."""
         p50, p99, p999 = self.percentiles(50, 99, 99.9)
+        # (rounded: 100 - 99.9 is 0.0999... in binary floating point)
+        qs = [q for q in SPECTRUM if round(self.count * (100 - q), 6) >= 100]
+        spectrum = [[q, v * 1e6] for q, v in zip(qs, self.percentiles(*qs), strict=True)]
+        spectrum.append([100.0, self.max * 1e6])
         return {f"{prefix}p50_us": p50 * 1e6, f"{prefix}p99_us": p99 * 1e6,
-                f"{prefix}p999_us": p999 * 1e6, f"{prefix}max_us": self.max * 1e6}
+                f"{prefix}p999_us": p999 * 1e6, f"{prefix}max_us": self.max * 1e6,
+                f"{prefix}spectrum_us": spectrum}
 
 
 # -- what an answer is ----------------------------------------------------------

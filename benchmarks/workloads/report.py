@@ -384,7 +384,65 @@ def charts(doc: dict[str, Any]) -> dict[str, Any] | None:
         fig.suptitle(f"{title} — {doc['started']}, bars: median, whiskers: min-max", fontsize=10)
         fig.tight_layout()
         made[metric.split("_")[0]] = fig
+    latency = latency_chart(doc, plt)
+    if latency is not None:
+        made["latency"] = latency
     return made
+
+
+def spectra(entry: dict[str, Any]) -> list[tuple[str, dict[str, list[list[float]]]]]:
+    """An open-loop workload's latency distributions to draw: per load (its
+    column's title), per loop, the ``spectrum_us`` of the repeat whose p99
+    at that load is the median (the lower middle of an even count)."""
+    out = []
+    for load in entry["params"].get("loads") or ():
+        per_loop = {}
+        for name, data in entry["loops"].items():
+            samples = sorted((s for s in data["samples"] if f"spectrum_us_{load}" in s),
+                             key=lambda s: s[f"p99_us_{load}"])
+            if samples:
+                per_loop[name] = samples[(len(samples) - 1) // 2][f"spectrum_us_{load}"]
+        if per_loop:
+            of = entry["params"].get("rate_of")
+            out.append((f"{entry['name']} @{load}% of {of or 'each loop'}'s capacity", per_loop))
+    return out
+
+
+def latency_chart(doc: dict[str, Any], plt: Any) -> Any:
+    """The open-loop windows' latency distributions (``latency``): latency
+    by percentile, the percentile axis spread as HdrHistogram plots it
+    (1 / (1 - p): 90 %, 99 %, 99.9 % equally apart), one line per loop;
+    None where the run has no open-loop window with a distribution."""
+    panels = [panel for e in doc["workloads"] if kind(e) == "open" for panel in spectra(e)]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows_ = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(5 * cols, 3.4 * rows_), squeeze=False)
+    for ax, (title, per_loop) in zip(axes.flat, panels, strict=False):
+        for name, spectrum in per_loop.items():
+            # The maximum (100 %) has no place on a 1 / (1 - p) axis: it
+            # stands one step past the last percentile.
+            xs = [1 / (1 - q / 100) if q < 100 else None for q, _ in spectrum]
+            last = max((x for x in xs if x is not None), default=1.0)
+            xs = [x if x is not None else last * 10 for x in xs]
+            ax.plot(xs, [v for _, v in spectrum], marker=".", label=name,
+                    color="#999999" if name == "asyncio" else None,
+                    linewidth=2.0 if name.startswith("relaxed") else 1.0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ticks = [2, 10, 100, 1000, 10000, 100000]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["50%", "90%", "99%", "99.9%", "99.99%", "99.999%"], fontsize=7)
+        ax.set_title(title, fontsize=8)
+        ax.set_ylabel("latency µs", fontsize=8)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"open-loop latency by percentile (the last point: the maximum) — "
+                 f"{doc['started']}, the median repeat's", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def save(doc: dict[str, Any], directory: Path, *, charts_too: bool = True) -> Path:
