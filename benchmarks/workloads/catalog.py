@@ -19,7 +19,9 @@ QUIC's bursts.
 
 Three TLS workloads are in the default set, on our default settings and
 the peers: the 1 KiB echo (``tls-echo-1k-c10``), aiohttp over TLS
-(``https-0b``) and a handshake per connection (``tls-churn``).  The rest
+(``https-0b``) and a handshake per connection (``tls-churn``); so are a
+latency (``openloop-http-0b-uvloop80``: p99 at 80 % of uvloop's capacity)
+and an application (``uvicorn-json``).  The rest
 (the 64 KiB echo, start_tls, the TLS floors, the aiofastnet pairings, the
 ``tls`` presets) and the UDP workloads (``udp-*``) run by name, each on
 all its loops.
@@ -311,7 +313,7 @@ def _openloop() -> list[Workload]:
                  "open-loop latency: aiohttp keep-alive GET returning 0 B, pipelined, at 80 % "
                  f"of uvloop's capacity in the same run on every loop, {about}", "http", "open",
                  10, path="/", loads=(80,), protocol="http", rate_of="uvloop",
-                 needs=("aiohttp",)),
+                 needs=("aiohttp",), default_loops=IO_DEFAULT),
         Workload("openloop-tls-1k",
                  "open-loop latency: 1 KiB echo over TLS 1.3, protocol server, at 50 %, 80 % "
                  f"and 95 % of the capacity measured first, {about}", "echo-protocol", "open",
@@ -345,7 +347,7 @@ def _apps() -> list[Workload]:
     return [
         Workload("uvicorn-json", json_about.format("(httptools)", len(ITEM)), "uvicorn-json",
                  "wrk", 10, len(ITEM), path="/items/42", method="POST", body=ITEM,
-                 needs=(*uvicorn, "httptools")),
+                 needs=(*uvicorn, "httptools"), default_loops=IO_DEFAULT),
         Workload("uvicorn-json-h11", json_about.format("(h11)", len(ITEM)), "uvicorn-json",
                  "wrk", 10, len(ITEM), path="/items/42", server_args=("--http", "h11"),
                  method="POST", body=ITEM, needs=(*uvicorn, "h11")),
