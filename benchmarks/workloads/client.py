@@ -133,6 +133,11 @@ class RequestResponse(asyncio.Protocol):
         self.pending -= len(data)
         if self.pending > 0:
             return
+        self.answered()
+
+    def answered(self) -> None:
+        """The whole answer is in: counted, then the next request (none
+        while holding; the connection closes once the run is stopping)."""
         self.meter.done(self.started)
         if self.hold:
             return
@@ -173,11 +178,7 @@ class HttpConnection(RequestResponse):
             self.body_left -= len(data)
         if self.body_left > 0:
             return
-        self.meter.done(self.started)
-        if self.meter.stopping:
-            self.transport.close()
-        else:
-            self.send()
+        self.answered()
 
 
 class PipeClient(asyncio.Protocol):
@@ -355,11 +356,7 @@ class RespClient(RequestResponse):
             self.setup = None
             self.send()
             return
-        self.meter.done(self.started)
-        if self.meter.stopping:
-            self.transport.close()
-        else:
-            self.send()
+        self.answered()
 
 
 class WsClient(asyncio.Protocol):
