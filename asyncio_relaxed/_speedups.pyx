@@ -7,8 +7,8 @@ Theory of operation
 The pure-Python modules are the loop; this module is an accelerator for the
 few methods every request runs, as CPython's ``_asyncio`` is for Task and
 Future beside ``tasks.py``.  It defines subclasses of the pure classes
-(:class:`Loop`, :class:`SocketTransport`, :class:`TransportShared`) that
-override those methods, and :class:`Counters` with C fields; everything else
+(:class:`Loop`, :class:`SocketTransport`, :class:`SSLTransport`,
+:class:`TransportShared`, the accept side) that override those methods, and :class:`Counters` with C fields; everything else
 (the settings, the poller's bookkeeping, accept, TLS, datagrams, pipes,
 closing, errors) is inherited, so there is one implementation of it.
 ``asyncio_relaxed._builds`` chooses which classes a loop is made of.
