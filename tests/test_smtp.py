@@ -88,7 +88,8 @@ def tls_kind(loop: asyncio.AbstractEventLoop) -> str:
     """The class of the TLS transport the loop makes (``ssl=``, ``start_tls()``)."""
     if isinstance(loop, asyncio_relaxed.PyLoop):
         own = loop.config.tls is asyncio_relaxed.TlsMode.OWN
-        return "asyncio_relaxed._tls.SSLTransport" if own else STOCK_TLS
+        cls = loop._SSLTransport  # the build's own (_tls, or _speedups' subclass)
+        return f"{cls.__module__}.{cls.__qualname__}" if own else STOCK_TLS
     if uvloop_loop(loop):
         return "uvloop.loop._SSLProtocolTransport"
     return STOCK_TLS
