@@ -801,3 +801,43 @@ def test_an_eof_received_that_raises(tls_files: TlsFiles) -> None:
     seen, handled = same_as_stock(eof_received_raises, tls_files)
     assert seen == (["made", "eof", "lost"], "ZeroDivisionError", ["sent"])
     assert handled == ["Error calling eof_received()"]
+
+
+class _ShortWrites:
+    """An SSL core whose write() takes the first *take* bytes of the next
+    call only (an SSLObject's write that stopped short), then every byte."""
+
+    def __init__(self, core: Any, take: int) -> None:
+        self.core = core
+        self.take = take
+
+    def write(self, data: Any) -> int:
+        take, self.take = self.take, -1
+        return self.core.write(data[:take] if take >= 0 else data)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.core, name)
+
+
+@pytest.mark.parametrize("build", ["compiled", "pure"])
+def test_a_short_ssl_write_keeps_the_rest_for_the_next(tls_files: TlsFiles, build: str) -> None:
+    """What SSLObject.write() did not take waits in the backlog, counted in
+    the write buffer, and leaves before the next write's data, on either
+    build's write() (the compiled one's fast path included)."""
+    cls = asyncio_relaxed.CLoop if build == "compiled" else asyncio_relaxed.PyLoop
+    if cls is None:
+        pytest.skip(f"no compiled build here: {asyncio_relaxed.WHY}")
+
+    async def scenario(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
+        server, transport, _, peer = await pair(loop, files)
+        transport._ssl = _ShortWrites(transport._ssl, 5)
+        transport.write(b"hello world")
+        size = transport.get_write_buffer_size()
+        transport.write(b", more")
+        await until(lambda: len(peer.data) >= 17, "the peer has every byte")
+        await close_pair(server, transport, peer)
+        return size, bytes(peer.data)
+
+    (size, data), handled = outcome(lambda: cls(tls="own"), scenario, tls_files)
+    assert size == 6 and data == b"hello world, more"
+    assert handled == []
