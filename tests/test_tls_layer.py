@@ -826,7 +826,7 @@ def test_a_short_ssl_write_keeps_the_rest_for_the_next(tls_files: TlsFiles, buil
     build's write() (the compiled one's fast path included)."""
     cls = asyncio_relaxed.CLoop if build == "compiled" else asyncio_relaxed.PyLoop
     if cls is None:
-        pytest.skip(f"no compiled build here: {asyncio_relaxed.WHY}")
+        pytest.skip(f"no compiled build here: {asyncio_relaxed._builds.WHY}")
 
     async def scenario(loop: asyncio.AbstractEventLoop, files: TlsFiles) -> Any:
         server, transport, _, peer = await pair(loop, files)
