@@ -50,17 +50,6 @@ cdef inline bint is_tls_layer(object o) noexcept:
     return PyObject_TypeCheck(o, <PyTypeObject *>PySSLTransport)
 
 
-cdef inline bint slots_set(object o) noexcept:
-    """Every slot the compiled paths read is set (__init__ has run to its
-    end); else the pure method, whose reads raise as they would."""
-    return (AR_SLOT(o, L_APP_BUFFERED) != NULL and AR_SLOT(o, L_APP_HIGH) != NULL
-            and AR_SLOT(o, L_IN_HIGH) != NULL and AR_SLOT(o, L_PROTOCOL_PAUSED) != NULL
-            and AR_SLOT(o, L_SSL_READING_PAUSED) != NULL
-            and AR_SLOT(o, L_SSL_WRITING_PAUSED) != NULL
-            and AR_SLOT(o, L_BACKLOG_SIZE) != NULL and AR_SLOT(o, L_LOWER) != NULL
-            and AR_SLOT(o, L_PROTOCOL) != NULL and AR_SLOT(o, L_SHARED) != NULL)
-
-
 cdef int process_outgoing(object self) except -1:
     """SSLTransport._process_outgoing: the records the SSLObject made, to
     the byte stream (unless its buffer paused this layer: they wait in the
@@ -86,7 +75,7 @@ class SSLTransport(_PySSLTransport):
     __slots__ = ()
 
     def get_buffer(self, n):
-        if not is_tls_layer(self) or AR_SLOT(self, L_SHARED) == NULL:
+        if not is_tls_layer(self):
             return _PySSLTransport.get_buffer(self, n)
         return get(get(self, L_SHARED), S_READ_VIEW)
 
@@ -94,17 +83,14 @@ class SSLTransport(_PySSLTransport):
         """The ciphertext to the incoming BIO, then, on an open connection,
         the read (_do_read); in every other state the step the pure method
         takes."""
-        if not is_tls_layer(self) or not slots_set(self):
+        if not is_tls_layer(self):
             return _PySSLTransport.buffer_updated(self, nbytes)
         engine = get(self, L_ENGINE)
         view = get(get(self, L_SHARED), S_READ_VIEW)
         if get(engine, E_STATE) is not TLS_WRAPPED or type(nbytes) is not int:
             return _PySSLTransport.buffer_updated(self, nbytes)
-        get(self, L_INCOMING).write(view[:nbytes])
-        if get(engine, E_STATE) is TLS_WRAPPED:
-            self._do_read()
-        else:  # (the write cannot move the state; the pure step if it did)
-            _PySSLTransport.buffer_updated(self, 0)
+        get(self, L_INCOMING).write(view[:nbytes])  # (a BIO write moves no state)
+        self._do_read()
 
     def _do_read(self):
         """SSLTransport._do_read on an open connection whose application
@@ -115,8 +101,7 @@ class SSLTransport(_PySSLTransport):
         after a read."""
         cdef Py_buffer buf
         cdef Py_ssize_t count
-        if (not is_tls_layer(self) or not slots_set(self)
-                or get(get(self, L_ENGINE), E_STATE) is not TLS_WRAPPED
+        if (not is_tls_layer(self) or get(get(self, L_ENGINE), E_STATE) is not TLS_WRAPPED
                 or get(self, L_APP_READING_PAUSED) is not False
                 or get(self, L_APP_BUFFERED) is not False):
             return _PySSLTransport._do_read(self)
@@ -154,7 +139,7 @@ class SSLTransport(_PySSLTransport):
         now, its records to the byte stream; anything else is the pure
         write()'s (its checks, errors and backlog)."""
         cdef Py_ssize_t written, size
-        if (type(data) is not bytes or not is_tls_layer(self) or not slots_set(self)
+        if (type(data) is not bytes or not is_tls_layer(self)
                 or get(get(self, L_ENGINE), E_STATE) is not TLS_WRAPPED
                 or get(self, L_BACKLOG)):
             return _PySSLTransport.write(self, data)
@@ -174,6 +159,6 @@ class SSLTransport(_PySSLTransport):
         process_outgoing(self)
 
     def _process_outgoing(self):
-        if not is_tls_layer(self) or not slots_set(self):
+        if not is_tls_layer(self):
             return _PySSLTransport._process_outgoing(self)
         process_outgoing(self)
