@@ -217,8 +217,10 @@ def _pacer(rate: float, timer: _Timer | None) -> tuple[openloop.Pacer, _Clock, l
     meter = openloop.Meter(hdr=False)
     meter.start, meter.end, meter.sending = 0.0, 10.0, True
     queued: list[Any] = []
+    # (its CPU clock is the same clock: the process runs through the test)
     pacer = openloop.Pacer(meter, _connections(meter, clock, 2),
-                           openloop.Schedule(rate, 0.0), clock, timer, queued.append)
+                           openloop.Schedule(rate, 0.0), clock, timer, queued.append,
+                           cpu_clock=clock)
     return pacer, clock, queued
 
 

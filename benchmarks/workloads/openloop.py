@@ -50,16 +50,19 @@ figures, the client's name).
 The client's CPU use (``client_cpu``: this process's user and system CPU
 time over the window, ``getrusage``, in CPUs) then counts what it did and
 what its spinning burnt.  The pacer measures the second part
-(``pacer_wait``, in CPUs): the wall time between its spinning passes
-(from the end of one to the start of the next, or from the start of a
-pass that sent nothing) during which no connection read, that is loop
-iterations that ran nothing but the poller and the pacer; a spinning
-process never sleeps, so that wall time is CPU time.  An iteration in
-which an answer arrived counts as work, whole.  ``client_headroom``,
+(``pacer_wait``, in CPUs): the CPU time of its thread
+(``time.thread_time``: a system call, about 0.5 µs, made only while it
+spins) between its spinning passes (from the end of one to the start of
+the next, or from the start of a pass that sent nothing) during which no
+connection read, that is loop iterations that ran nothing but the poller
+and the pacer.  CPU time, not wall time, so that a client preempted while
+it spins is not counted as waiting.  An iteration in which an answer
+arrived counts as work, whole.  ``client_headroom``,
 ``1 - (client_cpu - pacer_wait)``, is the share of its CPU the client had
 left: near 0, the client, not the server, may be what limits.  It is an
-estimate in both modes, the same way; the timer only makes the spinning,
-and so the estimate's part, small at low rates.  The runner pins the
+estimate in both modes, the same way (an iteration that ran other
+callbacks but read nothing counts as waiting); the timer only makes the
+spinning, and so the estimate's part, small at low rates.  The runner pins the
 client to a CPU of its own.  Its clock is a parameter
 (``time.perf_counter`` by default), and so is each connection's, and the
 pacer's timer and ``call_soon``, so that tests drive them by hand.
@@ -688,18 +691,19 @@ class Pacer:
     owed and the next due time less the lead (:data:`WAKE_LEAD` at first,
     then learnt: :meth:`woke`, :meth:`forget`) is still ahead, arms *timer* for then; else
     it queues itself again with *call_soon* (it spins).  Without a timer
-    it always spins.  ``waited`` sums the seconds it spun through loop
-    iterations in which no connection read (the module's theory of
-    operation)."""
+    it always spins.  ``waited`` sums the CPU time (*cpu_clock*, this
+    thread's) it spun through loop iterations in which no connection read
+    (the module's theory of operation)."""
 
     def __init__(self, meter: Meter, conns: list[Connection], schedule: Schedule,
                  clock: Clock = time.perf_counter, timer: Timer | None = None,
                  call_soon: Callable[[Callable[[], None]], object] | None = None,
-                 lead: float = WAKE_LEAD) -> None:
+                 lead: float = WAKE_LEAD, cpu_clock: Clock = time.thread_time) -> None:
         self.meter = meter
         self.conns = conns
         self.schedule = schedule
         self.clock = clock
+        self.cpu_clock = cpu_clock
         self.timer = timer
         self.call_soon = call_soon
         self.lead = lead
@@ -707,8 +711,8 @@ class Pacer:
         self.next_due = next(schedule)
         self.armed: float | None = None  # the timer's deadline while it is armed
         self.spinning = False  # set when the last pass queued the next with call_soon
-        self.waited = 0.0
-        self.idle_since = 0.0  # when the last pass's own work ended
+        self.waited = 0.0  # CPU seconds, on cpu_clock
+        self.idle_since = 0.0  # cpu_clock when the last spinning pass's own work ended
         self.reads_seen = 0  # meter.reads then
 
     @property
@@ -768,12 +772,14 @@ class Pacer:
         self.lead = max(self.lead * (1 - LEAD_DECAY) ** sent, MIN_LEAD)
 
     def __call__(self) -> None:
-        start = self.clock()
+        spun = self.spinning
+        if spun:
+            cpu = self.cpu_clock()
+            if self.meter.reads == self.reads_seen:
+                self.waited += cpu - self.idle_since  # an iteration of nothing but spinning
         if self.armed is not None:
-            self.woke(start - self.armed)
+            self.woke(self.clock() - self.armed)
             self.armed = None
-        elif self.spinning and self.meter.reads == self.reads_seen:
-            self.waited += start - self.idle_since  # an iteration of nothing but spinning
         sent = self.sent
         more = self.pump()
         if self.sent != sent:
@@ -782,9 +788,10 @@ class Pacer:
             self.wait()
         else:
             self.spinning = False
-        self.reads_seen = self.meter.reads
-        # A pass that sent nothing was spinning too.
-        self.idle_since = start if self.sent == sent else self.clock()
+        if self.spinning:
+            self.reads_seen = self.meter.reads
+            # A spinning pass that sent nothing was waiting too.
+            self.idle_since = cpu if spun and self.sent == sent else self.cpu_clock()
 
 
 def cpu_seconds() -> float:
