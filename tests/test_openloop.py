@@ -672,7 +672,8 @@ class _Peer:
 def test_the_open_windows_target_per_cent_of_the_base() -> None:
     w = WORKLOADS["openloop-http-0b-uvloop80"]
     window = {"requests": 1000, "elapsed": 1.0, "p50_us": 10.0, "achieved_rate": 990.0,
-              "client_cpu": 0.5}
+              "client_cpu": 0.5, "client_headroom": 0.9, "pacer": "timerfd",
+              "pacer_wait": 0.4}
     client = _Peer([{"client": "c"}, {"ready": True}, window, {"ready": True}, window])
     server = _Peer([{"cpu": 1.0 * i} for i in range(4)])
     sample = runner._open_loop(w, "asyncio", server, client, 1234,  # type: ignore[arg-type]
@@ -681,6 +682,18 @@ def test_the_open_windows_target_per_cent_of_the_base() -> None:
     assert sample["rate"] == 1000.0 and sample["target_base"] == 5000.0
     assert sample["target_80"] == 4000.0
     assert sample["achieved_rate_80"] == 990.0 and sample["client_cpu_80"] == 0.5
+    # The client's headroom and how it paced travel with its CPU use.
+    assert (sample["client_headroom_80"], sample["pacer_80"], sample["pacer_wait_80"]) == (
+        0.9, "timerfd", 0.4)
+    from benchmarks.workloads import report
+
+    entry = {"name": w.name, "unit": "request", "params": w.params(),
+             "loops": {"asyncio": {"samples": [sample],
+                                   "median": runner.summarize([sample])[0]}}}
+    header, [row] = report.rows(entry)
+    at = "@80% of uvloop"
+    assert row[header.index(f"client CPU {at}")] == "0.50"
+    assert row[header.index(f"client headroom {at}")] == "0.90"
 
 
 # -- the smoke run -------------------------------------------------------------------
@@ -711,7 +724,10 @@ def test_smoke_openloop_http_through_the_command_line(tmp_path: Path) -> None:
     for load in (50, 80, 95):
         assert 0 < med[f"p50_us_{load}"] <= med[f"p99_us_{load}"] <= med[f"max_us_{load}"]
         assert med[f"client_cpu_{load}"] > 0 and med[f"achieved_rate_{load}"] > 0
+        assert med[f"client_headroom_{load}"] > 0 and med[f"pacer_wait_{load}"] >= 0
+        assert data["samples"][0][f"pacer_{load}"] in ("timerfd", "spin")
         assert med[f"target_{load}"] == pytest.approx(med["rate"] * load / 100)
+    assert ", pacer " in data["client"]
 
 
 # -- the latency chart --------------------------------------------------------------
