@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from benchmarks.harness import loops, processes, services
-from benchmarks.workloads import apps, catalog, client, runner, server
+from benchmarks.workloads import apps, catalog, client, openloop, runner, server
 from benchmarks.workloads.catalog import WORKLOADS
 
 APPS = ("uvicorn-json", "uvicorn-json-h11", "uvicorn-json-tls", "aiohttp-pg", "aiohttp-pg-tls",
@@ -293,6 +293,63 @@ def test_smoke_app_workload(name: str, tmp_path: Path) -> None:
         assert data["samples"][0]["broadcasts"] > 0
     if name == "redis-proxy":  # 16 commands per pipeline
         assert data["samples"][0]["pipelines"] > 0
+
+
+OPEN_REDIS = "openloop-redis-proxy-uvloop80"
+
+
+def test_redis_proxy_has_an_open_loop_window_of_the_same_pipelines() -> None:
+    """redis-proxy's server under the open-loop client: 16 pipelined GETs a
+    request, of a 64 B value the server holds from the start, at 80 % of
+    uvloop's capacity on every loop that runs redis-proxy."""
+    w, closed = WORKLOADS[OPEN_REDIS], WORKLOADS["redis-proxy"]
+    assert (w.server, w.client, w.protocol, w.pipeline, w.loads, w.rate_of) == (
+        closed.server, "open", "redis", closed.pipeline, (80,), "uvloop")
+    assert w.loops == closed.loops and not w.default and catalog.missing(w) is None
+    assert OPEN_REDIS in {x.name for x in runner.select(["openloop-*"], full=False)}
+    command = runner.client_command(w, 0.1, 0.2)
+    assert command[command.index("--protocol") + 1] == "redis"
+    assert command[command.index("--pipeline") + 1] == "16"
+    assert command[command.index("--body") + 1] == "GET key"
+    server_cmd = runner.server_command(w, "asyncio")
+    assert server_cmd[server_cmd.index("--value") + 1] == str(closed.response)
+    # What the server answers the client's request: 16 bulk strings of 64 B,
+    # which the client's framer counts as one answer.
+    request = openloop.request_bytes(w.protocol, body=w.body, pipeline=w.pipeline)
+    store = {b"key": b"v" * 64}
+    replies = b"".join(apps.answer(store, c) for c in apps.RespParser().feed(request))
+    assert replies == (
+        b"$64\r\n" + b"v" * 64 + b"\r\n") * 16
+    assert openloop.framer(w.protocol, pipeline=w.pipeline).feed(replies) == 1
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(90)
+def test_smoke_redis_proxy_open_loop(tmp_path: Path) -> None:
+    """The open-loop window through the command line on the pure build
+    (uvloop first: the rate is 80 % of its capacity): it runs without error,
+    and its figures, the client's headroom among them, are positive."""
+    w = WORKLOADS[OPEN_REDIS]
+    if loops.missing("uvloop"):
+        pytest.skip(f"{OPEN_REDIS} sets its rate from uvloop's capacity: "
+                    f"{loops.missing('uvloop')}")
+    loop = _pure_loop()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "--workloads", w.name, "--loops", loop,
+         "--duration", "0.2", "--warmup", "0.1", "--repeat", "1", "--no-syscalls",
+         "--no-charts", "--results", str(tmp_path)],
+        cwd=processes.ROOT, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    (entry,) = json.loads(path.read_text())["workloads"]
+    assert entry["errors"] == {} and entry["unsupported"] == {}, entry
+    assert set(entry["loops"]) == {"uvloop", loop}
+    data: dict[str, Any] = entry["loops"][loop]
+    assert "redis x16" in data["client"], data["client"]
+    med = data["median"]
+    assert med["rate"] > 0 and med["target_80"] > 0 and med["achieved_rate_80"] > 0
+    assert 0 < med["p50_us_80"] <= med["p99_us_80"]
+    assert med["client_headroom_80"] > 0
 
 
 def test_a_loop_without_tls_servers_is_noted_not_served(

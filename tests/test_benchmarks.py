@@ -163,10 +163,11 @@ def test_the_new_workloads_are_not_in_the_default_set() -> None:
     #18's list run with --full or by name only."""
     default = {w.name for w in runner.select(None, full=False)}
     openloop = {"openloop-1k", "openloop-1k-poisson", "openloop-http-0b",
-                "openloop-tls-1k", "openloop-tls-1k-uvloop80", "openloop-uvicorn-json-uvloop80"}
+                "openloop-tls-1k", "openloop-tls-1k-uvloop80", "openloop-uvicorn-json-uvloop80",
+                "openloop-redis-proxy-uvloop80"}
     new = {"uvicorn-plaintext", "split-writes", *openloop,
            *(n for n in WORKLOADS if n.endswith(("-unpinned", "-mixed")))}
-    assert len(new) == 16 and not default & new
+    assert len(new) == 17 and not default & new
     # Issue #43's rows of the README's table: a latency and an application.
     assert {"openloop-http-0b-uvloop80", "uvicorn-json"} <= default
     full = {w.name for w in runner.select(None, full=True)}

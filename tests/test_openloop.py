@@ -7,12 +7,14 @@ assertions."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -188,6 +190,258 @@ def test_an_answer_the_framer_refuses_fails_the_window() -> None:
     conn.send(0.0)
     conn.data_received(b"rr")
     assert isinstance(meter.error, ValueError)
+
+
+# -- the pacer's wait: a timer while nothing is owed, else spinning --------------------
+
+
+class _Timer:
+    """A timer that records what it was armed for; the test fires it."""
+
+    def __init__(self) -> None:
+        self.armed: list[float] = []
+        self.callback: Callable[[], None] | None = None
+
+    def arm(self, deadline: float, callback: Callable[[], None]) -> None:
+        self.armed.append(deadline)
+        self.callback = callback
+
+    def close(self) -> None:
+        self.callback = None
+
+
+def _pacer(rate: float, timer: _Timer | None) -> tuple[openloop.Pacer, _Clock, list[Any]]:
+    """A pacer of *rate* requests/s from time 0 in an open window, on a
+    clock, a timer and a call_soon driven by hand; the callbacks queued."""
+    clock = _Clock()
+    meter = openloop.Meter(hdr=False)
+    meter.start, meter.end, meter.sending = 0.0, 10.0, True
+    queued: list[Any] = []
+    # (its CPU clock is the same clock: the process runs through the test)
+    pacer = openloop.Pacer(meter, _connections(meter, clock, 2),
+                           openloop.Schedule(rate, 0.0), clock, timer, queued.append,
+                           cpu_clock=clock)
+    return pacer, clock, queued
+
+
+def test_the_pacer_sleeps_on_the_timer_until_the_lead_before_the_next_request() -> None:
+    timer = _Timer()
+    pacer, clock, queued = _pacer(100.0, timer)  # one every 10 ms
+    assert pacer.mode == "timerfd" and pacer.lead == openloop.WAKE_LEAD
+    pacer()  # request 0 goes out; its answer is owed: spin, to read it at once
+    assert pacer.sent == 1 and queued == [pacer] and timer.armed == []
+    clock.now = 0.0001
+    _answer_all(pacer.conns)
+    queued.clear()
+    pacer()  # nothing owed, the next due in 9.9 ms: the timer, armed the lead before it
+    assert queued == [] and timer.armed == [pytest.approx(0.01 - pacer.lead)]
+    assert pacer.sent == 1 and not pacer.spinning
+    # The timer fires on time: the rest of the lead is spun through, and the
+    # request goes out at its due time, not a wake-up's latency after it.
+    clock.now = timer.armed[-1]
+    assert timer.callback is pacer
+    pacer()
+    assert queued == [pacer] and pacer.sent == 1
+    clock.now = 0.01
+    pacer()
+    assert pacer.sent == 2 and pacer.meter.lags.values[-1] == 0.0
+    assert len(timer.armed) == 1  # and its answer is owed: spinning
+
+
+def test_the_pacer_spins_to_a_request_due_within_the_lead() -> None:
+    timer = _Timer()
+    pacer, clock, queued = _pacer(10_000.0, timer)  # one every 100 µs, less than the lead
+    for step in range(1, 6):
+        pacer()
+        _answer_all(pacer.conns)  # nothing owed: only the next request's nearness decides
+        clock.now = step * 50e-6
+    assert timer.armed == [] and queued == [pacer] * 5 and pacer.sent == 3
+
+
+def test_without_a_timer_the_pacer_spins() -> None:
+    pacer, clock, queued = _pacer(100.0, None)
+    assert pacer.mode == "spin"
+    pacer()
+    _answer_all(pacer.conns)
+    clock.now = 0.001  # nothing owed, the next request 9 ms ahead: a timer would sleep
+    assert pacer.wait() == "spin" and pacer.spinning and queued == [pacer, pacer]
+
+
+def test_the_lead_follows_the_timers_lateness() -> None:
+    timer = _Timer()
+    pacer, clock, _ = _pacer(100.0, timer)
+    pacer()
+    _answer_all(pacer.conns)
+    pacer()
+    # (the lead lost 1/64 of itself for request 0)
+    assert timer.armed == [pytest.approx(0.01 - openloop.WAKE_LEAD * (1 - openloop.LEAD_DECAY))]
+    clock.now = timer.armed[-1] + 300e-6  # it woke 300 µs late, after the due time
+    pacer()
+    assert pacer.sent == 2 and pacer.meter.lags.values[-1] == pytest.approx(clock.now - 0.01)
+    # The lead became that lateness and a margin, less 1/64 of it for the
+    # request sent.
+    assert pacer.lead == pytest.approx((300e-6 + openloop.LEAD_MARGIN)
+                                       * (1 - openloop.LEAD_DECAY))
+    _answer_all(pacer.conns)
+    pacer()
+    assert timer.armed[-1] == pytest.approx(0.02 - pacer.lead)
+    pacer.forget(10_000)
+    assert pacer.lead == openloop.MIN_LEAD
+    pacer.woke(1.0)  # a host's stall of a second: no second of spinning per request
+    assert pacer.lead == openloop.MAX_LEAD
+
+
+def test_the_pacer_counts_as_waiting_only_spinning_iterations_without_reads() -> None:
+    timer = _Timer()
+    pacer, clock, _ = _pacer(1000.0, timer)
+    clock.now = 0.0
+    pacer()  # sends request 0 (its work is not waiting), spins while it is owed
+    assert pacer.waited == 0.0
+    clock.now = 0.0002
+    pacer()  # an iteration of nothing but polling: 200 µs of waiting
+    assert pacer.waited == pytest.approx(0.0002)
+    clock.now = 0.0003
+    _answer_all(pacer.conns)  # the answer is read in this iteration: work
+    clock.now = 0.0004
+    pacer()
+    assert pacer.waited == pytest.approx(0.0002)
+    # Nothing owed, the next due in 600 µs: asleep on the timer, not waiting.
+    assert timer.armed and not pacer.spinning
+    clock.now = timer.armed[-1]
+    pacer()  # woken: spins through the lead, counted from the wake-up
+    clock.now = 0.001
+    pacer()
+    assert pacer.waited == pytest.approx(0.0002 + (0.001 - timer.armed[-1]))
+
+
+class _FakeApi:
+    """A timerfd backend that records its calls."""
+
+    def __init__(self) -> None:
+        self.settimes: list[tuple[int, bool, int]] = []
+
+    def create(self, clockid: int, flags: int) -> int:
+        assert clockid == openloop.time.CLOCK_MONOTONIC
+        return openloop.os.open(openloop.os.devnull, openloop.os.O_RDONLY)
+
+    def settime(self, fd: int, absolute: bool, ns: int) -> None:
+        self.settimes.append((fd, absolute, ns))
+
+
+def test_the_timerfd_is_armed_at_the_deadline_on_perf_counters_clock() -> None:
+    # perf_counter is CLOCK_MONOTONIC (CPython on Linux): the deadline is
+    # the timerfd's absolute time as it is, in nanoseconds.
+    if sys.platform == "linux" and sys.implementation.name == "cpython":
+        assert openloop.PERF_COUNTER_IS_MONOTONIC
+    api = _FakeApi()
+
+    class Loop:
+        def __init__(self) -> None:
+            self.readers: dict[int, Any] = {}
+
+        def add_reader(self, fd: int, callback: Any) -> None:
+            self.readers[fd] = callback
+
+        def remove_reader(self, fd: int) -> None:
+            del self.readers[fd]
+
+    loop = Loop()
+    timer = openloop.TimerFd(loop, (api.create, api.settime))  # type: ignore[arg-type]
+    fd = timer.fd
+    assert loop.readers == {fd: timer._fired}
+    timer.arm(12345.000678901, lambda: None)
+    assert api.settimes == [(fd, openloop.PERF_COUNTER_IS_MONOTONIC,
+                             12345_000678901 if openloop.PERF_COUNTER_IS_MONOTONIC else 1)]
+    timer.close()
+    assert loop.readers == {} and timer.fd == -1
+    # Another clock: armed with the time left on it.
+    clock = _Clock()
+    clock.now = 5.0
+    relative = openloop.TimerFd(Loop(), (api.create, api.settime), clock)  # type: ignore[arg-type]
+    relative.arm(5.25, lambda: None)
+    assert api.settimes[-1][1:] == (False, 250_000_000)
+    relative.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="timerfd is Linux's")
+@pytest.mark.parametrize("backend", ["os", "libc"])
+@pytest.mark.timeout(10)
+def test_a_real_timerfd_wakes_the_loop_at_its_deadline(backend: str) -> None:
+    """Each backend's timerfd, watched by the stock loop, calls back once
+    its deadline has passed (on perf_counter's clock), and not before."""
+    if backend == "os" and not hasattr(openloop.os, "timerfd_create"):
+        pytest.skip("os.timerfd_create is Python 3.13+'s")
+    api = openloop._os_timerfd() if backend == "os" else openloop._libc_timerfd()
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        timer = openloop.TimerFd(loop, api)
+        fired: asyncio.Future[float] = loop.create_future()
+        deadline = time.perf_counter() + 0.002
+        timer.arm(deadline, lambda: fired.set_result(time.perf_counter()))
+        try:
+            return await asyncio.wait_for(fired, 5) - deadline
+        finally:
+            timer.close()
+
+    assert asyncio.run(main()) >= 0
+
+
+def test_the_timer_backend_says_which_or_why_none() -> None:
+    api, how = openloop.timer_backend()
+    if sys.platform != "linux":
+        assert api is None and how
+    elif hasattr(openloop.os, "timerfd_create"):
+        assert api is not None and how == "os.timerfd_create"
+    else:
+        assert api is not None and how == "libc timerfd_create via ctypes"
+
+
+class _Echo(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+@pytest.mark.timeout(20)
+def test_an_open_window_at_a_low_rate_leaves_the_client_idle() -> None:
+    """0.3 s at 200 requests/s against an echo server on the same stock
+    loop: the client sleeps between requests, so its CPU use (the server's
+    included) is well under one CPU, not the spinning pacer's 1.0, and the
+    window says how it paced.  Behaviour, not speed: the bound is a
+    quarter of a CPU for 60 echoes of 1 KiB."""
+    api, how = openloop.timer_backend()
+    if api is None:
+        pytest.skip(f"no timerfd here ({how}): the pacer spins")
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conns = []
+        for _ in range(4):
+            _, conn = await loop.create_connection(
+                lambda: openloop.Connection(openloop.Meter(), b"r" * 1024,
+                                            openloop.EchoFramer(1024)), "127.0.0.1", port)
+            conns.append(conn)
+        commands: asyncio.Queue[str] = asyncio.Queue()
+        commands.put_nowait("go")
+        try:
+            return await openloop.run_window(conns, "open 200", 0.1, 0.3, commands,
+                                              timerfd=api)
+        finally:
+            for conn in conns:
+                conn.transport.close()
+            server.close()
+
+    result = asyncio.run(main())
+    assert result["pacer"] == "timerfd" and result["requests"] == 60
+    assert 0 < result["client_cpu"] < 0.25
+    assert 0 <= result["pacer_wait"] <= result["client_cpu"]
+    assert result["client_headroom"] == pytest.approx(
+        1 - (result["client_cpu"] - result["pacer_wait"]))
 
 
 # -- the recorder -------------------------------------------------------------------
@@ -418,7 +672,8 @@ class _Peer:
 def test_the_open_windows_target_per_cent_of_the_base() -> None:
     w = WORKLOADS["openloop-http-0b-uvloop80"]
     window = {"requests": 1000, "elapsed": 1.0, "p50_us": 10.0, "achieved_rate": 990.0,
-              "client_cpu": 0.5}
+              "client_cpu": 0.5, "client_headroom": 0.9, "pacer": "timerfd",
+              "pacer_wait": 0.4}
     client = _Peer([{"client": "c"}, {"ready": True}, window, {"ready": True}, window])
     server = _Peer([{"cpu": 1.0 * i} for i in range(4)])
     sample = runner._open_loop(w, "asyncio", server, client, 1234,  # type: ignore[arg-type]
@@ -427,6 +682,18 @@ def test_the_open_windows_target_per_cent_of_the_base() -> None:
     assert sample["rate"] == 1000.0 and sample["target_base"] == 5000.0
     assert sample["target_80"] == 4000.0
     assert sample["achieved_rate_80"] == 990.0 and sample["client_cpu_80"] == 0.5
+    # The client's headroom and how it paced travel with its CPU use.
+    assert (sample["client_headroom_80"], sample["pacer_80"], sample["pacer_wait_80"]) == (
+        0.9, "timerfd", 0.4)
+    from benchmarks.workloads import report
+
+    entry = {"name": w.name, "unit": "request", "params": w.params(),
+             "loops": {"asyncio": {"samples": [sample],
+                                   "median": runner.summarize([sample])[0]}}}
+    header, [row] = report.rows(entry)
+    at = "@80% of uvloop"
+    assert row[header.index(f"client CPU {at}")] == "0.50"
+    assert row[header.index(f"client headroom {at}")] == "0.90"
 
 
 # -- the smoke run -------------------------------------------------------------------
@@ -457,7 +724,10 @@ def test_smoke_openloop_http_through_the_command_line(tmp_path: Path) -> None:
     for load in (50, 80, 95):
         assert 0 < med[f"p50_us_{load}"] <= med[f"p99_us_{load}"] <= med[f"max_us_{load}"]
         assert med[f"client_cpu_{load}"] > 0 and med[f"achieved_rate_{load}"] > 0
+        assert med[f"client_headroom_{load}"] > 0 and med[f"pacer_wait_{load}"] >= 0
+        assert data["samples"][0][f"pacer_{load}"] in ("timerfd", "spin")
         assert med[f"target_{load}"] == pytest.approx(med["rate"] * load / 100)
+    assert ", pacer " in data["client"]
 
 
 # -- the latency chart --------------------------------------------------------------

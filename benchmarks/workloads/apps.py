@@ -22,7 +22,9 @@ every loop, so what differs between loops is what the loop adds to it.
 - ``resp``: a Redis-protocol server on ``asyncio.Protocol`` answering GET,
   SET and PING from a dict, every command of a read parsed
   (:class:`RespParser`) and every answer written in one write; the client
-  is ``resp``, pipelining.
+  is ``resp``, pipelining, which SETs its keys first, or the open-loop
+  client's ``redis`` protocol, which GETs ``key``: ``--value SIZE`` puts
+  SIZE bytes there before the first client comes.
 """
 
 from __future__ import annotations
@@ -355,10 +357,11 @@ class RespProtocol(asyncio.Protocol):
 
 
 async def serve_resp(args: argparse.Namespace) -> None:
-    """The ``resp`` server until the end of input: one dict for every client."""
+    """The ``resp`` server until the end of input: one dict for every client,
+    holding ``args.value`` bytes at ``key`` where that is above 0."""
     loop = asyncio.get_running_loop()
     stop = loop.create_future()
-    store: dict[bytes, bytes] = {}
+    store: dict[bytes, bytes] = {b"key": b"v" * args.value} if args.value > 0 else {}
     server = await loop.create_server(lambda: RespProtocol(store), "127.0.0.1", 0,
                                       backlog=1024)
     listening(server.sockets[0].getsockname()[1], _loop_name(loop), checkout.relaxed_package())

@@ -329,6 +329,14 @@ def _openloop() -> list[Workload]:
                  f"loop, {about}", "uvicorn-json", "open", 10, path="/items/42",
                  loads=(80,), protocol="http-post-json", body=ITEM, rate_of="uvloop",
                  needs=("uvicorn>=0.36", "starlette", "httptools")),
+        # redis-proxy's server, the store holding a 64 B value at "key"
+        # (benchmarks.workloads.apps.serve_resp) for the client's GETs.
+        Workload("openloop-redis-proxy-uvloop80",
+                 "open-loop latency: Redis protocol on asyncio.Protocol, a request of 16 "
+                 "pipelined GETs of a 64 B value in one write, at 80 % of uvloop's capacity in "
+                 f"the same run on every loop, {about}", "resp", "open", 10,
+                 server_args=("--value", "64"), loads=(80,), protocol="redis", body="GET key",
+                 pipeline=16, rate_of="uvloop"),
     ]
 
 

@@ -24,13 +24,48 @@ is charged to every request due during it.  How late the client itself
 sent (``lag``: send time minus due time) is reported beside the latencies:
 where it is large, the figures are the client's, not the server's.
 
-The pacer is a callback queued again with ``call_soon`` after each pass, so
-it runs once per loop iteration and sends every request that has come due;
-it never sleeps, because a timer would round to the loop's clock (libuv's,
-under uvloop, counts milliseconds) and send the requests in bursts.  The
-client therefore keeps its CPU busy through a run: the runner pins it to a
-CPU of its own.  Its clock is a parameter (``time.perf_counter`` by
-default), and so is each connection's, so that tests drive both by hand.
+The pacer (:class:`Pacer`) sends every request that has come due, then
+waits for the next one in one of two ways.  A timer of the event loop
+cannot do it: asyncio rounds its poll timeout up to the millisecond, and
+uvloop's libuv clock counts milliseconds, so requests would go out in
+bursts.  Where no answer is owed and the next request is due more than a
+lead ahead, the pacer arms a timerfd (:class:`TimerFd`:
+``CLOCK_MONOTONIC``, the clock of ``time.perf_counter`` on Linux, at an
+absolute time in nanoseconds, so nothing is rounded) to fire that lead
+before the due time, and watches it with ``loop.add_reader``: the client
+sleeps in the loop's poller.  Otherwise it spins: it queues itself again
+with ``call_soon``, once per loop iteration, so a request goes out within
+a loop iteration of its due time rather than a wake-up's latency late,
+and an answer is read within an iteration of its arrival rather than
+after the client wakes (which would add the client's own wake-up to
+every latency measured).  The lead starts at :data:`WAKE_LEAD` and
+follows the timer's lateness, which grows with the length of the sleep:
+a late wake-up raises it, each request sent lowers it a little
+(:meth:`Pacer.woke`, :meth:`Pacer.forget`).  The timerfd comes from
+``os.timerfd_create`` (Python 3.13+) or from libc through ``ctypes``
+(older Pythons, PyPy); where neither exists (not Linux), the pacer only
+spins, and says so (:func:`timer_backend`; the ``pacer`` of the window's
+figures, the client's name).
+
+The client's CPU use (``client_cpu``: this process's user and system CPU
+time over the window, ``getrusage``, in CPUs) then counts what it did and
+what its spinning burnt.  The pacer measures the second part
+(``pacer_wait``, in CPUs): the CPU time of its thread
+(``time.thread_time``: a system call, about 0.5 µs, made only while it
+spins) between its spinning passes (from the end of one to the start of
+the next, or from the start of a pass that sent nothing) during which no
+connection read, that is loop iterations that ran nothing but the poller
+and the pacer.  CPU time, not wall time, so that a client preempted while
+it spins is not counted as waiting.  An iteration in which an answer
+arrived counts as work, whole.  ``client_headroom``,
+``1 - (client_cpu - pacer_wait)``, is the share of its CPU the client had
+left: near 0, the client, not the server, may be what limits.  It is an
+estimate in both modes, the same way (an iteration that ran other
+callbacks but read nothing counts as waiting); the timer only makes the
+spinning, and so the estimate's part, small at low rates.  The runner pins the
+client to a CPU of its own.  Its clock is a parameter
+(``time.perf_counter`` by default), and so is each connection's, and the
+pacer's timer and ``call_soon``, so that tests drive them by hand.
 
 What a request is (``--protocol``): ``echo``, ``--request`` bytes answered
 by ``--response`` bytes; ``http``, a keep-alive HTTP/1.1 ``GET --path``;
@@ -62,9 +97,9 @@ sending at its end, waits for every answer and prints the window's figures:
 requests (those due in the window), elapsed, p50/p99/p99.9/max latency
 (µs), ``achieved_rate`` (answers that arrived within the window, per
 second: under overload it falls below the rate asked for), ``client_cpu``
-(this process's user and system CPU time over the window, in CPUs: near
-1.0 the client, not the server, may be what limits) and, open, the lag's
-p99 and maximum.  The end of input closes the connections.
+and ``client_headroom`` (above) and, open, ``pacer_wait``, ``pacer``
+(``timerfd`` or ``spin``) and the lag's p99 and maximum.  The end of input
+closes the connections.
 """
 
 from __future__ import annotations
@@ -72,8 +107,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import ctypes
+import ctypes.util
 import json
 import math
+import os
 import random
 import resource
 import sys
@@ -102,6 +140,25 @@ HIGHEST_US = 60_000_000
 DIGITS = 3
 #: The longest HTTP response head the framer buffers before it gives up.
 MAX_HEAD = 64 * 1024
+#: Seconds before a request's due time that the pacer's timerfd fires at
+#: first (the pacer spins through the rest), and the bounds between which
+#: it then follows the wake-ups' lateness (:meth:`Pacer.woke`).  A timerfd
+#: armed at an absolute time and waited for in epoll, 120 to 1,000 times
+#: in a row on the suite's 2-CPU Firecracker VM (Linux 6.18, Python 3.13,
+#: the machine otherwise idle), woke late by 33 µs at the median and 69 µs
+#: at p99 when armed 300 µs ahead, 42 and 109 µs 1 ms ahead, 146 and
+#: 204 µs 5 ms ahead (a longer sleep, a deeper idle state), whatever the
+#: timer slack (50 µs or 1 ns): no one lead fits every rate, so the lead
+#: is learnt.  The bounds: at least a median wake-up; at most what covers
+#: p99 after a long sleep with room to spare.
+WAKE_LEAD = 200e-6
+MIN_LEAD = 50e-6
+MAX_LEAD = 500e-6
+#: Added to a wake-up's lateness to make the lead; and the share of the
+#: lead forgotten per request sent (a late wake-up's lead lasts about 64
+#: requests, whether or not the pacer slept meanwhile).
+LEAD_MARGIN = 50e-6
+LEAD_DECAY = 1 / 64
 
 Clock = Callable[[], float]
 
@@ -415,6 +472,9 @@ class Meter:
         self.lags = Recorder(hdr)
         self.error: BaseException | None = None
         self.drained: asyncio.Future[None] | None = None
+        #: Reads of every connection so far: a loop iteration in which it
+        #: did not change did no work for the pacer's count of its waiting.
+        self.reads = 0
 
     def answered(self, conn: Connection, due: float, now: float) -> None:
         self.outstanding -= 1
@@ -460,6 +520,7 @@ class Connection(asyncio.Protocol):
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
+        self.meter.reads += 1
         try:
             answers = self.framer.feed(data)
         except ValueError as exc:
@@ -483,18 +544,182 @@ class Connection(asyncio.Protocol):
                 f"the server closed a connection with {len(self.due)} answers owed"))
 
 
+class Timer(Protocol):
+    """What the pacer sleeps on: one deadline at a time, on its clock."""
+
+    def arm(self, deadline: float, callback: Callable[[], None]) -> None:
+        """Call *callback* from the loop at *deadline* (at once if it has
+        passed), instead of any deadline armed before."""
+
+    def close(self) -> None:
+        """Disarm, for good."""
+
+
+#: The timerfd flags (linux/timerfd.h): TFD_NONBLOCK and TFD_CLOEXEC are
+#: O_NONBLOCK and O_CLOEXEC; TFD_TIMER_ABSTIME makes the time absolute.
+TFD_TIMER_ABSTIME = 1
+TFD_FLAGS = os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+#: ``time.perf_counter`` reads CLOCK_MONOTONIC (CPython on Linux): a
+#: deadline on it is a timerfd's absolute time as it is.  Elsewhere the
+#: timer is armed with the time left (read from the pacer's clock).
+PERF_COUNTER_IS_MONOTONIC = (time.get_clock_info("perf_counter").implementation
+                             == "clock_gettime(CLOCK_MONOTONIC)")
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+#: timerfd_create(clockid, flags) -> fd and settime(fd, absolute, ns): a
+#: backend of :class:`TimerFd`.
+TimerFdApi = tuple[Callable[[int, int], int], Callable[[int, bool, int], None]]
+
+
+def _os_timerfd() -> TimerFdApi:
+    """The timerfd of the os module (Python 3.13+ on Linux)."""
+    if sys.version_info < (3, 13):
+        raise AttributeError("os.timerfd_create is Python 3.13+'s")
+
+    def settime(fd: int, absolute: bool, ns: int) -> None:
+        os.timerfd_settime_ns(fd, flags=TFD_TIMER_ABSTIME if absolute else 0, initial=ns)
+
+    def create(clockid: int, flags: int) -> int:
+        return os.timerfd_create(clockid, flags=flags)
+
+    return create, settime
+
+
+def _libc_timerfd() -> TimerFdApi:
+    """libc's timerfd_create and timerfd_settime through ctypes (Linux,
+    Pythons before 3.13, PyPy).  ``struct timespec`` as two longs: time_t
+    is a long on the 64-bit ABIs, and the 32-bit ones' classic symbols
+    take a 32-bit time_t."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    c_create, c_settime = libc.timerfd_create, libc.timerfd_settime
+    c_create.argtypes, c_create.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    c_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Itimerspec),
+                          ctypes.c_void_p]
+    c_settime.restype = ctypes.c_int
+    spec = _Itimerspec()
+
+    def create(clockid: int, flags: int) -> int:
+        fd = c_create(clockid, flags)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+        return int(fd)
+
+    def settime(fd: int, absolute: bool, ns: int) -> None:
+        spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(ns, 1_000_000_000)
+        if c_settime(fd, TFD_TIMER_ABSTIME if absolute else 0, ctypes.byref(spec), None) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+
+    return create, settime
+
+
+def timer_backend() -> tuple[TimerFdApi | None, str]:
+    """The timerfd this process can use and its name (``os.timerfd_create``,
+    ``libc timerfd_create via ctypes``), or None and why not: the pacer
+    then spins."""
+    reasons = []
+    for name, make in (("os.timerfd_create", _os_timerfd),
+                       ("libc timerfd_create via ctypes", _libc_timerfd)):
+        if name.startswith("os.") and not hasattr(os, "timerfd_create"):
+            reasons.append(f"no {name} (Python 3.13+ on Linux)")
+            continue
+        try:
+            api = make()
+            os.close(api[0](time.CLOCK_MONOTONIC, TFD_FLAGS))  # it works here
+        except (OSError, AttributeError, TypeError) as exc:
+            reasons.append(f"{name}: {exc}")
+            continue
+        return api, name
+    return None, "; ".join(reasons)
+
+
+class TimerFd:
+    """A :class:`Timer` on a timerfd of CLOCK_MONOTONIC, watched by
+    *loop*'s ``add_reader``: the loop sleeps in its poller until the
+    deadline, to the nanosecond (the loop's own timers round to the
+    millisecond).  *clock* is the deadlines' clock: ``time.perf_counter``
+    where it reads CLOCK_MONOTONIC, armed at the absolute time; any other,
+    armed with the time left on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, api: TimerFdApi,
+                 clock: Clock = time.perf_counter) -> None:
+        create, self.settime = api
+        self.loop = loop
+        self.clock = clock
+        self.absolute = clock is time.perf_counter and PERF_COUNTER_IS_MONOTONIC
+        self.callback: Callable[[], None] | None = None
+        self.fd = create(time.CLOCK_MONOTONIC, TFD_FLAGS)
+        loop.add_reader(self.fd, self._fired)
+
+    def arm(self, deadline: float, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        at = deadline if self.absolute else deadline - self.clock()
+        # 0 would disarm it: a deadline passed fires at once at 1 ns.
+        self.settime(self.fd, self.absolute, max(1, round(at * 1e9)))
+
+    def _fired(self) -> None:
+        try:
+            os.read(self.fd, 8)  # the expirations: reading them clears the fd
+        except BlockingIOError:
+            return  # re-armed since it became readable
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+        self.callback = None
+
+
 class Pacer:
     """Sends each request of *schedule* at its due time, round robin over
-    *conns*, and records each one's lag (only those due in the window)."""
+    *conns*, and records each one's lag (only those due in the window).
+
+    Called, it makes a pass: it sends what is due, then, when no answer is
+    owed and the next due time less the lead (:data:`WAKE_LEAD` at first,
+    then learnt: :meth:`woke`, :meth:`forget`) is still ahead, arms *timer* for then; else
+    it queues itself again with *call_soon* (it spins).  Without a timer
+    it always spins.  ``waited`` sums the CPU time (*cpu_clock*, this
+    thread's) it spun through loop iterations in which no connection read
+    (the module's theory of operation)."""
 
     def __init__(self, meter: Meter, conns: list[Connection], schedule: Schedule,
-                 clock: Clock = time.perf_counter) -> None:
+                 clock: Clock = time.perf_counter, timer: Timer | None = None,
+                 call_soon: Callable[[Callable[[], None]], object] | None = None,
+                 lead: float = WAKE_LEAD, cpu_clock: Clock = time.thread_time) -> None:
         self.meter = meter
         self.conns = conns
         self.schedule = schedule
         self.clock = clock
+        self.cpu_clock = cpu_clock
+        self.timer = timer
+        self.call_soon = call_soon
+        self.lead = lead
         self.sent = 0
         self.next_due = next(schedule)
+        self.armed: float | None = None  # the timer's deadline while it is armed
+        self.spinning = False  # set when the last pass queued the next with call_soon
+        self.waited = 0.0  # CPU seconds, on cpu_clock
+        self.idle_since = 0.0  # cpu_clock when the last spinning pass's own work ended
+        self.reads_seen = 0  # meter.reads then
+
+    @property
+    def mode(self) -> str:
+        """``timerfd`` (sleeps on a timer while nothing is owed and the
+        next request is far) or ``spin`` (queues itself every iteration)."""
+        return "spin" if self.timer is None else "timerfd"
 
     def pump(self) -> bool:
         """Send every request due by now; False once sending is over (the
@@ -516,9 +741,57 @@ class Pacer:
             self.next_due = next(self.schedule)
         return True
 
+    def wait(self) -> str:
+        """Wake for the next request: arm the timer at its due time less
+        the lead where that is ahead and no answer is owed (``timer``),
+        else queue the next pass (``spin``); which it did.  While answers
+        are owed it spins, so that it reads each as soon as it is in, as
+        the pacer that only spins does: a client asleep would add its own
+        wake-up (the lateness above) to every latency it measures."""
+        wake = self.next_due - self.lead
+        if self.timer is not None and not self.meter.outstanding and wake > self.clock():
+            self.timer.arm(wake, self)
+            self.armed = wake
+            self.spinning = False
+            return "timer"
+        call_soon = self.call_soon or asyncio.get_running_loop().call_soon
+        call_soon(self)
+        self.spinning = True
+        return "spin"
+
+    def woke(self, late: float) -> None:
+        """The timer fired *late* seconds after its deadline: the lead is
+        at least that and :data:`LEAD_MARGIN` more, up to :data:`MAX_LEAD`
+        (a wake-up later than that, a host's stall, is the lag's to show,
+        not a reason to spin for a millisecond per request)."""
+        self.lead = min(max(self.lead, late + LEAD_MARGIN), MAX_LEAD)
+
+    def forget(self, sent: int) -> None:
+        """*sent* requests went out: the lead loses :data:`LEAD_DECAY` of
+        itself per request, down to :data:`MIN_LEAD`."""
+        self.lead = max(self.lead * (1 - LEAD_DECAY) ** sent, MIN_LEAD)
+
     def __call__(self) -> None:
-        if self.pump():
-            asyncio.get_running_loop().call_soon(self)
+        spun = self.spinning
+        if spun:
+            cpu = self.cpu_clock()
+            if self.meter.reads == self.reads_seen:
+                self.waited += cpu - self.idle_since  # an iteration of nothing but spinning
+        if self.armed is not None:
+            self.woke(self.clock() - self.armed)
+            self.armed = None
+        sent = self.sent
+        more = self.pump()
+        if self.sent != sent:
+            self.forget(self.sent - sent)
+        if more:
+            self.wait()
+        else:
+            self.spinning = False
+        if self.spinning:
+            self.reads_seen = self.meter.reads
+            # A spinning pass that sent nothing was waiting too.
+            self.idle_since = cpu if spun and self.sent == sent else self.cpu_clock()
 
 
 def cpu_seconds() -> float:
@@ -529,15 +802,18 @@ def cpu_seconds() -> float:
 
 async def run_window(conns: list[Connection], command: str, warmup: float, duration: float,
                      commands: asyncio.Queue[str], arrivals: str = "constant",
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, timerfd: TimerFdApi | None = None) -> dict[str, Any]:
     """One window of *command* (``closed`` or ``open RATE``) on *conns*, which
     have nothing in flight: warm-up, ready, ``go``, the measured window,
-    every answer back; the window's figures."""
+    every answer back; the window's figures.  The open window's pacer
+    sleeps on a :class:`TimerFd` of *timerfd* (:func:`timer_backend`), or
+    spins without one."""
     loop = asyncio.get_running_loop()
     meter = Meter()
     for conn in conns:
         conn.meter = meter
     meter.sending = True
+    pacer = None
     kind, _, rate = command.partition(" ")
     if kind == "closed":
         meter.closed = True
@@ -546,9 +822,21 @@ async def run_window(conns: list[Connection], command: str, warmup: float, durat
             conn.send(now)
     elif kind == "open" and float(rate) > 0:
         schedule = Schedule(float(rate), time.perf_counter(), arrivals, seed)
-        loop.call_soon(Pacer(meter, conns, schedule))
+        timer = TimerFd(loop, timerfd) if timerfd is not None else None
+        pacer = Pacer(meter, conns, schedule, timer=timer, call_soon=loop.call_soon)
+        loop.call_soon(pacer)
     else:
         raise ValueError(f"unknown command {command!r}: closed, or open RATE")
+    try:
+        return await _measure(meter, pacer, command, warmup, duration, commands)
+    finally:
+        if pacer is not None and pacer.timer is not None:
+            pacer.timer.close()
+
+
+async def _measure(meter: Meter, pacer: Pacer | None, command: str, warmup: float,
+                   duration: float, commands: asyncio.Queue[str]) -> dict[str, Any]:
+    """run_window's warm-up, measured window and drain, its load under way."""
     await asyncio.sleep(warmup)
     if meter.error is not None:
         raise meter.error
@@ -556,12 +844,15 @@ async def run_window(conns: list[Connection], command: str, warmup: float, durat
     if (await commands.get()) != "go":
         raise ValueError("expected go")
     cpu = cpu_seconds()
+    waited = pacer.waited if pacer is not None else 0.0
     meter.start = time.perf_counter()
     meter.end = meter.start + duration
     await asyncio.sleep(duration)
-    client_cpu = (cpu_seconds() - cpu) / (time.perf_counter() - meter.start)
+    elapsed = time.perf_counter() - meter.start
+    client_cpu = (cpu_seconds() - cpu) / elapsed
+    pacer_wait = (pacer.waited - waited) / elapsed if pacer is not None else 0.0
     meter.sending = False
-    meter.drained = loop.create_future()
+    meter.drained = asyncio.get_running_loop().create_future()
     if meter.error is not None:
         raise meter.error
     if meter.outstanding:
@@ -570,7 +861,11 @@ async def run_window(conns: list[Connection], command: str, warmup: float, durat
         raise RuntimeError(f"{command}: no request answered in the measured window")
     out: dict[str, Any] = {"requests": meter.latencies.count, "elapsed": duration,
                            **meter.latencies.figures(),
-                           "achieved_rate": meter.arrived / duration, "client_cpu": client_cpu}
+                           "achieved_rate": meter.arrived / duration, "client_cpu": client_cpu,
+                           "client_headroom": 1 - (client_cpu - pacer_wait)}
+    if pacer is not None:
+        out["pacer"] = pacer.mode
+        out["pacer_wait"] = pacer_wait
     if meter.lags.count:
         lag = meter.lags.figures("lag_")
         out["lag_p99_us"] = lag["lag_p99_us"]
@@ -600,13 +895,16 @@ async def run(args: argparse.Namespace) -> None:
             "127.0.0.1", port, **options)
         conns.append(conn)
     what = args.protocol + (f" x{args.pipeline}" if args.pipeline > 1 else "")
+    timerfd, how = timer_backend()
+    pacer = (f"pacer on a timerfd ({how})" if timerfd is not None
+             else f"pacer spinning (no timerfd: {how})")
     print(json.dumps({"client": f"builtin open loop, one process ({loops.client_loop()[0]}), "
                       f"{what}{', TLS 1.3' if args.tls else ''}, {args.arrivals} arrivals, "
-                      f"latencies in {Recorder().kind}",
+                      f"latencies in {Recorder().kind}, {pacer}",
                       "connections": len(conns)}), flush=True)
     while command := await commands.get():
         result = await run_window(conns, command, args.warmup, args.duration, commands,
-                                  args.arrivals, args.seed)
+                                  args.arrivals, args.seed, timerfd)
         print(json.dumps(result), flush=True)
     for conn in conns:
         conn.transport.close()

@@ -105,7 +105,9 @@ def kind(entry: dict[str, Any]) -> str:
 def columns(entry: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(title, metric key, format) of *entry*'s table: its kind's, or for the
     open-loop workloads the capacity, then per load the rate answered, its
-    latencies from due time, the client's own send lag and CPU use."""
+    latencies from due time, the client's own send lag, its CPU use and
+    its headroom (the share of its CPU neither working nor spinning idle,
+    benchmarks.workloads.openloop: a spinning pacer's CPU is no load)."""
     if kind(entry) != "open":
         return COLUMNS[kind(entry)]
     out = [("capacity req/s", "rate", "{:,.0f}"), ("CPU µs/req", "cpu_us_per_unit", "{:.1f}")]
@@ -117,7 +119,8 @@ def columns(entry: dict[str, Any]) -> list[tuple[str, str, str]]:
                 (f"p99 µs {at}", f"p99_us_{load}", "{:,.0f}"),
                 (f"p99.9 µs {at}", f"p999_us_{load}", "{:,.0f}"),
                 (f"lag p99 µs {at}", f"lag_p99_us_{load}", "{:,.0f}"),
-                (f"client CPU {at}", f"client_cpu_{load}", "{:.2f}")]
+                (f"client CPU {at}", f"client_cpu_{load}", "{:.2f}"),
+                (f"client headroom {at}", f"client_headroom_{load}", "{:.2f}")]
     return out
 
 

@@ -353,8 +353,8 @@ def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
     if result.get("non_2xx"):
         raise RuntimeError(f"{w.name} on {loop}: {result['non_2xx']} responses were not 2xx")
     for key in ("p50_us", "p99_us", "p999_us", "max_us", "spectrum_us", "achieved_rate",
-                "client_cpu", "lag_p99_us", "lag_max_us", "lost", "late", "bursts",
-                "broadcasts", "pipelines"):
+                "client_cpu", "client_headroom", "pacer", "pacer_wait", "lag_p99_us",
+                "lag_max_us", "lost", "late", "bursts", "broadcasts", "pipelines"):
         if key in result:
             sample[key] = result[key]
     if "statistics" in after:

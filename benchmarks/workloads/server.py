@@ -381,6 +381,9 @@ def main() -> None:
                         help=f"plain, then TLS 1.3 by start_tls ({', '.join(STARTTLS_KINDS)})")
     parser.add_argument("--http", choices=("httptools", "h11"), default="httptools",
                         help="uvicorn kinds: uvicorn's HTTP protocol (httptools)")
+    parser.add_argument("--value", type=int, default=0,
+                        help="resp: the store holds a value of this many bytes at 'key' from "
+                             "the start, for the open-loop client's GET key (0: empty)")
     args = parser.parse_args()
     if args.tls and args.kind not in TLS_KINDS:
         parser.error(f"--tls serves --kind {' or '.join(TLS_KINDS)} only")
