@@ -1536,6 +1536,52 @@ def test_bytecodes_child_counts_the_same_twice(loop_name: str) -> None:
     assert 10 * first["requests"] < first["functions"][write][1] < 200 * first["requests"]
 
 
+@pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-eager-pure",
+                                       "uvloop"])
+def test_the_udp_count_echoes_every_burst(loop_name: str) -> None:
+    """The ``udp`` count's rounds all come back (a datagram lost on the way
+    would hang the run: the driver reads each round whole), on the floor
+    and on every loop it counts."""
+    from benchmarks.counts import driver
+
+    why = loops.missing(loop_name) if loop_name != "floor" else None
+    if why:
+        pytest.skip(why)
+    rounds: list[int] = []
+    driver.run(loop_name, driver.UDP, 3, rounds.append)
+    assert rounds == [*range(driver.WARMUP_ROUNDS + 2, -1, -1), -1]
+
+
+def test_the_udp_count_is_per_datagram() -> None:
+    from benchmarks.counts import instructions
+
+    # 500 rounds of 10 clients x 4 datagrams apart: 20,000 datagrams.
+    assert instructions.per_request(0, 200_000_000, 100, 600,
+                                    instructions.REQUESTS_PER_ROUND["udp"]) == 10_000
+    header, rows = instructions.table(
+        {"floor": {"udp": 14_000.0}, "asyncio": {"udp": 34_000.0},
+         "relaxed-eager": {"udp": 12_000.0}}, ["udp"])
+    assert header == ["loop", "UDP 1 KiB: instr/dgram", "above floor", "vs asyncio (above floor)"]
+    assert rows[2] == ["relaxed-eager", "12,000", "-2,000", f"-0.10{X}"]
+
+
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is CPython 3.12+'s")
+@pytest.mark.parametrize("loop_name", ["relaxed-eager", "relaxed-eager-pure"])
+def test_bytecodes_child_counts_the_udp_echo(loop_name: str) -> None:
+    """The datagram echo's read batch and sendto: the pure transport's
+    methods on the pure build, no bytecode of them on the compiled one."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, "udp", "5"],
+        cwd=processes.ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    functions = json.loads(proc.stdout.splitlines()[-1])["functions"]
+    ours = {"_datagram:DatagramTransport._read_ready", "_datagram:DatagramTransport.sendto"}
+    if _compiled(loop_name):
+        assert not ours & set(functions), functions
+    else:
+        assert ours <= set(functions), functions
+
+
 @pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is CPython 3.12+'s")
 def test_bytecodes_child_counts_the_tls_echo(tls_dir: Path) -> None:
     """Over TLS the floor's bytecodes are its own function's; our loop runs

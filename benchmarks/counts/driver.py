@@ -26,6 +26,11 @@ process, so both drive it in-process:
   bytes, over ``PAIRS`` keep-alive connections driven the same way (one
   request per connection per round, the next round once the handler has
   run for all of them and every response is back);
+* ``udp``: a datagram echo: ``PAIRS`` connected UDP client sockets each
+  send a burst of ``UDP_BURST`` 1 KiB datagrams per round to one server
+  socket (``create_datagram_endpoint(sock=)`` and a DatagramProtocol that
+  sends each datagram back with ``sendto(data, addr)``, udp-burst-1k's
+  shape), the next round once every echo is back; counted per datagram;
 * ``life``: a connection's life, per connection: ``PAIRS`` blocking client
   sockets connect to a ``create_server`` echo on the loop under test and
   send 1 KiB each; once every echo is written the driver reads them and
@@ -35,8 +40,10 @@ process, so both drive it in-process:
 * the floors: the same driver around a minimal echo in pure Python
   (:func:`floor`: ``epoll.poll``, ``recv``, ``send``; :func:`floor_tls`: the
   same around an ``SSLObject`` with memory BIOs and reused buffers, as
-  benchmarks.workloads.floors' ``floor-tls-bio``), so *above the floor* is
-  what a loop adds to the least any Python echo must execute.
+  benchmarks.workloads.floors' ``floor-tls-bio``; :func:`floor_udp`:
+  ``epoll.poll``, ``recvfrom`` until the socket runs dry, ``sendto``), so
+  *above the floor* is what a loop adds to the least any Python echo must
+  execute.
 
 *on_round(left)* is called as each round is sent, with the rounds left
 after it, and with -1 once the last is back: the bytecode counter turns
@@ -72,14 +79,20 @@ STARTTLS = "starttls"
 LIFE = "life"
 TLSLIFE = "tlslife"
 STREAMS = "streams"
+UDP = "udp"
 #: The workloads named, not sized in bytes, the echoes over TLS, and every
 #: workload that needs the TLS certificates.
-NAMED = (HTTP, TLS, STARTTLS, LIFE, TLSLIFE, STREAMS)
+NAMED = (HTTP, TLS, STARTTLS, LIFE, TLSLIFE, STREAMS, UDP)
 OVER_TLS = (TLS, STARTTLS)
 NEEDS_CERTIFICATES = (*OVER_TLS, TLSLIFE)
 LIFE_SIZE = 1024
 TLS_SIZE = 1024
 STREAMS_SIZE = 1024
+UDP_SIZE = 1024
+#: The datagrams each client sends per round: 40 queued at the server
+#: (about 100 KiB of the kernel's receive buffer with its per-datagram
+#: overhead, under the default 208 KiB), so loopback drops none.
+UDP_BURST = 4
 HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
 FLOOR = "floor"
 #: The loops' functions of the floors (module:qualname), for the counts' groups.
@@ -207,20 +220,7 @@ def child(loop_name: str, size: int | str, rounds: int,
     loop = loops.factory(loop_name)()
     finished = loop.create_future()
     context = tls.server_context() if over_tls else None
-
-    def next_round() -> None:
-        # A loop callback, from the iteration after the round's last echo.
-        if not driver.receive():
-            loop.call_soon(next_round)  # a short write: the rest comes later
-        elif driver.rounds:
-            driver.send_round()
-        else:
-            driver.on_round(-1)
-            finished.set_result(None)
-
-    def round_done(nbytes: int) -> None:
-        if driver.echoed(nbytes):
-            loop.call_soon(next_round)
+    round_done = _round_keeper(loop, driver, finished)
 
     def pump() -> None:  # the clients' handshakes, while the loop serves theirs
         if not _shake(clients):
@@ -275,6 +275,92 @@ def child(loop_name: str, size: int | str, rounds: int,
             client.shutdown(socket.SHUT_WR)
         loop.run_until_complete(asyncio.gather(*handlers))
     loop.close()
+
+
+def _round_keeper(loop: asyncio.AbstractEventLoop, driver: Driver,
+                  finished: asyncio.Future[None]) -> Callable[[int], None]:
+    """The server's callback for each echo it writes (its byte count): once
+    the round is echoed, the driver reads it back from a loop callback and
+    sends the next, or ends the run (*finished*)."""
+
+    def next_round() -> None:
+        # A loop callback, from the iteration after the round's last echo.
+        if not driver.receive():
+            loop.call_soon(next_round)  # a short write: the rest comes later
+        elif driver.rounds:
+            driver.send_round()
+        else:
+            driver.on_round(-1)
+            finished.set_result(None)
+
+    def round_done(nbytes: int) -> None:
+        if driver.echoed(nbytes):
+            loop.call_soon(next_round)
+
+    return round_done
+
+
+class UdpDriver(Driver):
+    """The ``udp`` clients: connected UDP sockets, each sending a burst of
+    ``UDP_BURST`` datagrams per round (Driver.receive reads them back: a
+    UDP recv returns one datagram)."""
+
+    def send_round(self) -> None:
+        self.rounds -= 1
+        self.on_round(self.rounds)
+        self.unechoed = self.size * UDP_BURST * len(self.clients)
+        for i, client in enumerate(self.clients):
+            for _ in range(UDP_BURST):
+                client.send(self.message)
+            self.missing[i] = self.size * UDP_BURST
+
+
+class _UdpEcho(asyncio.DatagramProtocol):
+    """Sends each datagram back to where it came from."""
+
+    def __init__(self, round_done: Callable[[int], None]) -> None:
+        self.round_done = round_done
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.transport.sendto(data, addr)
+        self.round_done(len(data))
+
+
+def udp_child(loop_name: str, rounds: int,
+              on_round: Callable[[int], None] | None = None) -> None:
+    """The ``udp`` run: PAIRS clients, a burst of UDP_BURST datagrams each
+    per round, echoed by one server socket (or the floor)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.setblocking(False)
+    clients = []
+    for _ in range(PAIRS):
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        client.connect(server.getsockname())
+        client.setblocking(False)
+        clients.append(client)
+    driver = UdpDriver(clients, UDP_SIZE, WARMUP_ROUNDS + rounds, on_round)
+    try:
+        if loop_name == FLOOR:
+            floor_udp(server, driver)
+            return
+        print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
+        loop = loops.factory(loop_name)()
+        finished = loop.create_future()
+        round_done = _round_keeper(loop, driver, finished)
+        transport, _ = loop.run_until_complete(loop.create_datagram_endpoint(
+            lambda: _UdpEcho(round_done), sock=server))
+        driver.send_round()
+        loop.run_until_complete(finished)
+        transport.close()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+    finally:
+        for sock in (server, *clients):
+            sock.close()
 
 
 def _connect_accepted_socket(loop_name: str, loop: asyncio.AbstractEventLoop) -> Any:
@@ -611,6 +697,26 @@ def floor_tls(served: list[socket.socket], driver: Driver) -> None:
             return
 
 
+def floor_udp(server: socket.socket, driver: Driver) -> None:
+    """The least a Python datagram echo executes: poll, recvfrom until the
+    socket runs dry, sendto each back; same driver."""
+    with select.epoll() as epoll:
+        epoll.register(server.fileno(), select.EPOLLIN)
+        driver.send_round()
+        while True:
+            done = False
+            for _ in epoll.poll(-1, 1):
+                while True:
+                    try:
+                        data, addr = server.recvfrom(65536)
+                    except BlockingIOError:
+                        break
+                    server.sendto(data, addr)
+                    done = driver.echoed(len(data)) or done
+            if done and not driver.next_round():
+                return
+
+
 def warmup_rounds(size: int | str) -> int:
     """The rounds before the measured ones of workload *size*."""
     return TLSLIFE_WARMUP_ROUNDS if size == TLSLIFE else WARMUP_ROUNDS
@@ -618,7 +724,7 @@ def warmup_rounds(size: int | str) -> int:
 
 def run(loop_name: str, size: int | str, rounds: int,
         on_round: Callable[[int], None] | None = None) -> None:
-    """The workload of *size* (bytes, TLS, STARTTLS, HTTP, LIFE or TLSLIFE)
+    """The workload of *size* (bytes, TLS, STARTTLS, HTTP, LIFE, TLSLIFE or UDP)
     on *loop_name*."""
     if size == HTTP:
         http_child(loop_name, rounds, on_round)
@@ -626,5 +732,7 @@ def run(loop_name: str, size: int | str, rounds: int,
         life_child(loop_name, rounds, on_round)
     elif size == TLSLIFE:
         tlslife_child(loop_name, rounds, on_round)
+    elif size == UDP:
+        udp_child(loop_name, rounds, on_round)
     else:
         child(loop_name, size, rounds, on_round)

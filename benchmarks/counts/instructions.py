@@ -43,6 +43,12 @@ Its handshakes cost about 15 million instructions per connection, so it
 runs 10 and 60 rounds after 10 of warm-up (500 connections apart), not
 100 and 600 after 100.  No floor row: read it against stock and uvloop.
 
+The ``udp`` column (``--sizes ...,udp``) is a datagram echo counted per
+datagram: bursts of 4 datagrams of 1 KiB from each of ``PAIRS`` clients to
+one server socket, each sent back with ``sendto`` (``udp-burst-1k``'s
+shape), above a floor that reads with ``recvfrom`` until the socket runs
+dry and answers with ``sendto``.
+
 The ``tls`` column (``--sizes ...,tls``) is the 1 KiB echo over TLS 1.3
 (an RSA-2048 certificate, benchmarks.harness.tls, made once by the parent):
 what each loop's TLS stack (stock's sslproto, uvloop's, ours) executes per
@@ -60,7 +66,7 @@ own Python code shows.
 Run::
 
     python -m benchmarks instructions [--loops asyncio,uvloop,relaxed-eager]
-        [--sizes 1024,102400,http,tls,life,tlslife] [--baseline DIR]
+        [--sizes 1024,102400,http,tls,udp,life,tlslife] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
 command says so and exits, as it does on any Python but CPython (see run()).
@@ -80,7 +86,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.counts import driver
-from benchmarks.counts.driver import FLOOR, HTTP, LIFE, PAIRS, TLS, TLSLIFE, WARMUP_ROUNDS
+from benchmarks.counts.driver import (FLOOR, HTTP, LIFE, PAIRS, TLS, TLSLIFE, UDP, UDP_BURST,
+                                     WARMUP_ROUNDS)
 from benchmarks.harness import checkout, loops, processes, results, tables, tls
 
 #: The two run lengths whose difference is measured: 5,000 requests apart
@@ -92,6 +99,8 @@ DEFAULT_LOOPS = ("asyncio", "uvloop", "relaxed-eager", "relaxed-deferred")
 DEFAULT_SIZES = (1024, 100 * 1024)
 #: The run lengths of the workloads whose rounds cost the most (see the docstring).
 SIZE_ROUNDS: dict[int | str, tuple[int, int]] = {TLSLIFE: (10, 60)}
+#: What a round is made of where it is not one request per pair.
+REQUESTS_PER_ROUND: dict[int | str, int] = {UDP: PAIRS * UDP_BURST}
 #: The sizes without a floor row.
 NO_FLOOR = (HTTP, LIFE, TLSLIFE)
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
@@ -124,8 +133,8 @@ def parse_collected(stderr: str, command: Sequence[str] = ()) -> int:
 
 
 def per_request(low: int, high: int, low_rounds: int = LOW_ROUNDS,
-                high_rounds: int = HIGH_ROUNDS) -> float:
-    return (high - low) / ((high_rounds - low_rounds) * PAIRS)
+                high_rounds: int = HIGH_ROUNDS, per_round: int = PAIRS) -> float:
+    return (high - low) / ((high_rounds - low_rounds) * per_round)
 
 
 def rounds_of(size: int | str) -> tuple[int, int]:
@@ -153,7 +162,8 @@ def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
         totals = dict(pool.map(one, tasks))
     return {name: {str(size): per_request(totals[(name, size, rounds_of(size)[0])],
                                           totals[(name, size, rounds_of(size)[1])],
-                                          *rounds_of(size))
+                                          *rounds_of(size),
+                                          REQUESTS_PER_ROUND.get(size, PAIRS))
                    for size in sizes if (name, size, rounds_of(size)[0]) in totals}
             for name in (FLOOR, *loop_names)}
 
@@ -173,6 +183,10 @@ def table(result: dict[str, dict[str, float]],
             continue
         if size == TLSLIFE:
             head += ["a TLS connection's life: instr/conn", "vs asyncio"]
+            continue
+        if size == UDP:
+            head += [f"UDP {driver.UDP_SIZE // 1024} KiB: instr/dgram", "above floor",
+                     "vs asyncio (above floor)"]
             continue
         if size in driver.OVER_TLS:
             label = f"{'TLS' if size == TLS else 'start_tls'} {driver.TLS_SIZE // 1024} KiB"
