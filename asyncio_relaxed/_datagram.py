@@ -221,6 +221,10 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                 stats.datagram_sent_ok += 1  # a send and a datagram sent (Counters)
                 stats.datagram_bytes_sent += n
                 return
+        self._enqueue(data, addr)
+
+    def _enqueue(self, data: Any, addr: Any) -> None:
+        """A datagram to wait in the buffer for EPOLLOUT."""
         # A copy: the caller may reuse a bytearray once sendto() returns.
         chunk = bytes(data)
         self._buffer.append((chunk, addr))

@@ -116,6 +116,7 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
     _Counters: type[Counters] = Counters
     _SocketTransport: type[SocketTransport] = SocketTransport
     _SSLTransport: type[SSLTransport] = SSLTransport
+    _DatagramTransport: type[DatagramTransport] = DatagramTransport
     _TransportShared: type[TransportShared] = TransportShared
     _Serving: type[Serving] = Serving
 
@@ -394,8 +395,8 @@ class Loop(_compat.SelectorEventLoop):  # type: ignore[misc]
             return super()._make_datagram_transport(sock, protocol, address, waiter, extra)
         if _compat.DATAGRAM_CHECKS_FD:
             self._ensure_fd_no_transport(sock)
-        return DatagramTransport(self, sock, protocol, address, waiter, extra,
-                                 shared=self._shared)
+        return self._DatagramTransport(self, sock, protocol, address, waiter, extra,
+                                       shared=self._shared)
 
     def _make_read_pipe_transport(self, pipe: Any, protocol: Any, waiter: Any = None,
                                   extra: dict[str, Any] | None = None) -> Any:

@@ -8,8 +8,9 @@ The pure-Python modules are the loop; this module is an accelerator for the
 few methods every request runs, as CPython's ``_asyncio`` is for Task and
 Future beside ``tasks.py``.  It defines subclasses of the pure classes
 (:class:`Loop`, :class:`SocketTransport`, :class:`SSLTransport`,
-:class:`TransportShared`, the accept side) that override those methods, and :class:`Counters` with C fields; everything else
-(the settings, the poller's bookkeeping, accept, TLS, datagrams, pipes,
+:class:`DatagramTransport`, :class:`TransportShared`, the accept side) that
+override those methods, and :class:`Counters` with C fields; everything
+else (the settings, the poller's bookkeeping, the TLS engine, pipes,
 closing, errors) is inherited, so there is one implementation of it.
 ``asyncio_relaxed._builds`` chooses which classes a loop is made of.
 
@@ -150,23 +151,27 @@ cdef Py_ssize_t S_SMALL_READ = slot(_PyTransportShared, "small_read")
 
 
 def _check_socket_layout():
-    """AR_SOCK_FD reads the descriptor where this Python's socket object
-    keeps it (the module refuses to load otherwise)."""
+    """AR_SOCK_FD and AR_SOCK_FAMILY read the descriptor and the family
+    where this Python's socket object keeps them (the module refuses to load
+    otherwise)."""
     a, b = _socket_module.socketpair()
+    c = _socket_module.socket(_socket_module.AF_INET, _socket_module.SOCK_DGRAM)
     try:
-        if AR_SOCK_FD(a) != a.fileno() or AR_SOCK_FD(b) != b.fileno():
+        if (AR_SOCK_FD(a) != a.fileno() or AR_SOCK_FD(b) != b.fileno()
+                or AR_SOCK_FAMILY(a) != a.family or AR_SOCK_FAMILY(c) != c.family):
             raise ImportError("asyncio_relaxed._speedups: socket.socket's C layout is not "
                               "the one this module was written for")
     finally:
         a.close()
         b.close()
+        c.close()
 
 
 _check_socket_layout()
 
-# socket.socket's recv, send and sendmsg are the C socket's own, and the
-# compiled transport calls them as system calls on the descriptor while the
-# class still has them: its version tag (which CPython changes whenever the
+# socket.socket's recv, send and sendmsg (and recvfrom and sendto, for
+# datagrams) are the C socket's own, and the compiled transports call them
+# as system calls on the descriptor while the class still has them: its version tag (which CPython changes whenever the
 # class or a base is modified) is the one it had when they were last found
 # unchanged.  A patch of socket.socket.send, say, changes the tag, and the
 # transport then calls the methods as the pure one does until the patch is
@@ -175,15 +180,19 @@ import _socket
 cdef object C_RECV = _socket.socket.recv
 cdef object C_SEND = _socket.socket.send
 cdef object C_SENDMSG = getattr(_socket.socket, "sendmsg", None)
+cdef object C_RECVFROM = _socket.socket.recvfrom
+cdef object C_SENDTO = _socket.socket.sendto
 cdef unsigned int socket_tag = 0
 
 
 cdef bint socket_unchanged():
-    """Whether socket.socket has the C socket's recv, send and sendmsg (the
-    lookups give the class a version tag, then kept)."""
+    """Whether socket.socket has the C socket's recv, send, sendmsg,
+    recvfrom and sendto (the lookups give the class a version tag, then
+    kept)."""
     global socket_tag
     if (socket_type.recv is C_RECV and socket_type.send is C_SEND
-            and getattr(socket_type, "sendmsg", None) is C_SENDMSG):
+            and getattr(socket_type, "sendmsg", None) is C_SENDMSG
+            and socket_type.recvfrom is C_RECVFROM and socket_type.sendto is C_SENDTO):
         socket_tag = AR_TYPE_TAG(socket_type)
         return True
     return False
@@ -619,6 +628,11 @@ TRANSPORT_METHODS = ClassWatch(SocketTransport, (
 include "_speedups_tls.pxi"
 
 
+# -- the datagram transport ---------------------------------------------------------
+
+include "_speedups_datagram.pxi"
+
+
 # -- the accept path -------------------------------------------------------------
 
 include "_speedups_accept.pxi"
@@ -919,6 +933,7 @@ class Loop(_PyLoop):
     _Counters = Counters
     _SocketTransport = SocketTransport
     _SSLTransport = SSLTransport
+    _DatagramTransport = DatagramTransport
     _TransportShared = TransportShared
     _Serving = Serving
 

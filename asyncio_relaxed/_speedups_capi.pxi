@@ -57,11 +57,13 @@ cdef extern from *:
         Py_XDECREF(old);
     }
 
-    /* The descriptor of a socket object: its C struct begins with it after
-       the object header (PySocketSockObject, Modules/socketmodule.h, the same
-       from 3.11 to 3.15).  Checked against fileno() when the module loads. */
-    typedef struct { PyObject_HEAD int sock_fd; } ar_socket;
+    /* The descriptor and the address family of a socket object: its C
+       struct begins with them after the object header (PySocketSockObject,
+       Modules/socketmodule.h, the same from 3.11 to 3.15).  Checked against
+       fileno() and family when the module loads. */
+    typedef struct { PyObject_HEAD int sock_fd; int sock_family; } ar_socket;
     #define AR_SOCK_FD(o) (((ar_socket *)(o))->sock_fd)
+    #define AR_SOCK_FAMILY(o) (((ar_socket *)(o))->sock_family)
 
     /* An object's type version tag: CPython changes it whenever the class or
        one of its bases is modified (an attribute set or deleted), so an
@@ -111,6 +113,7 @@ cdef extern from *:
     Py_ssize_t ar_member_offset(object d) except -1
     void ar_set(object o, Py_ssize_t off, object v)
     int AR_SOCK_FD(object o)
+    int AR_SOCK_FAMILY(object o)
     unsigned int AR_TYPE_TAG(object t)
 
     int PyObject_GenericSetAttr(object o, object name, object value) except -1

@@ -173,13 +173,18 @@ async def _endpoint(loop: asyncio.AbstractEventLoop, **kwargs: Any) -> tuple[Any
 
 def test_the_loop_makes_its_own_transport_by_the_setting(dloop: asyncio.AbstractEventLoop) -> None:
     """datagram=own makes the loop's transport; stock and datagram=stock make stock's."""
-    async def main() -> str:
+    async def main() -> type:
         transport, _ = await _endpoint(dloop, local_addr=(LOCAL, 0))
         transport.close()
-        return type(transport).__module__
+        return type(transport)
 
-    module = run(dloop, main())
-    assert module == ("asyncio_relaxed._datagram" if own(dloop) else "asyncio.selector_events")
+    kind = run(dloop, main())
+    if own(dloop):
+        # The class of the loop's build: the pure one or its compiled subclass.
+        assert kind is dloop._DatagramTransport  # type: ignore[attr-defined]
+        assert issubclass(kind, asyncio_relaxed._datagram.DatagramTransport)
+    else:
+        assert kind.__module__ == "asyncio.selector_events"
 
 
 @pytest.mark.parametrize("family", ["ipv4", "ipv6", "unix"])
@@ -303,6 +308,103 @@ def test_failed_send_is_error_received(dloop: asyncio.AbstractEventLoop) -> None
         await proto.lost
 
     run(dloop, main())
+
+
+#: The largest UDP payload of each family: one byte more is EMSGSIZE.
+_UDP_PAYLOAD_MAX = {socket.AF_INET: 65507, socket.AF_INET6: 65527}
+
+
+async def _reply_outcomes(loop: asyncio.AbstractEventLoop, family: str) -> list[Any]:
+    """A server endpoint reads a datagram from client A, then one from
+    client B, then replies naming an address each way a protocol can: A's
+    (not the one read last), B's object, a tuple equal to it, from an
+    endpoint of the other family to B's, a datagram too large to send, and
+    last B's port as a float (equal, but a TypeError on stock's socket,
+    fatal).  What each client got back and what each protocol was told."""
+    fam, addr = _family_addr(family)
+    other_fam, other_addr = _family_addr("ipv6" if family == "ipv4" else "ipv4")
+    server, proto = await _endpoint(loop, local_addr=addr, family=fam)
+    other, other_proto = await _endpoint(loop, local_addr=other_addr, family=other_fam)
+    clients = []
+    for name in (b"a", b"b"):
+        client = socket.socket(fam, socket.SOCK_DGRAM)
+        client.bind(addr)
+        client.settimeout(5)
+        client.sendto(name, server.get_extra_info("sockname"))
+        await proto.count(len(clients) + 1)
+        clients.append(client)
+    (_, a), (_, b) = proto.received
+    outcomes: list[Any] = []
+    for data, to in ((b"1", a), (b"2", b), (b"3", tuple(list(b)))):
+        server.sendto(data, to)
+    other.sendto(b"5", b)
+    server.sendto(b"x" * (_UDP_PAYLOAD_MAX[fam] + 1), b)
+    await asyncio.sleep(0)
+    outcomes.append(("got", clients[0].recv(100), clients[1].recv(100), clients[1].recv(100)))
+    server.sendto(b"4", (b[0], float(b[1])))  # fatal on stock: the transport closes
+    outcomes.append(("server told", [type(e).__name__ for e in proto.errors], server.is_closing()))
+    outcomes.append(("other told", [type(e).__name__ for e in other_proto.errors],
+                     other.is_closing()))
+    for transport in (server, other):
+        transport.abort()
+    for client in clients:
+        client.close()
+    return outcomes
+
+
+@pytest.mark.skipif(not HAS_IPV6, reason="no IPv6 loopback here")
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
+def test_replies_name_their_address_as_on_stock(dloop: asyncio.AbstractEventLoop,
+                                                loop_errors: LoopErrors, family: str) -> None:
+    """Each reply reaches the client its address names, and an address the
+    socket cannot take fails as on stock (the compiled build sends to the
+    address it read last without parsing it again: only an equal tuple of
+    the same types, on a socket of the same family, may)."""
+    loop_errors.expect("Fatal write error on datagram transport")
+    stock = asyncio.SelectorEventLoop()
+    try:
+        expected = run(stock, _reply_outcomes(stock, family))
+    finally:
+        stock.close()
+    asyncio.set_event_loop(dloop)
+    got = run(dloop, _reply_outcomes(dloop, family))
+    assert got == expected
+    assert got[0] == ("got", b"1", b"2", b"3")
+
+
+def test_a_patched_socket_class_sees_every_datagram(dloop: asyncio.AbstractEventLoop,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A patch of socket.socket's recvfrom and sendto (a test's spy) is
+    called for each datagram, as on stock: the compiled build's system
+    calls step aside while the class is patched."""
+    calls: list[str] = []
+
+    def spy(name: str) -> Any:
+        method = getattr(socket.socket, name)
+
+        def patched(self: socket.socket, *args: Any) -> Any:
+            calls.append(name)
+            return method(self, *args)
+        return patched
+
+    async def main() -> None:
+        server, proto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        proto.echo = True
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+            client.settimeout(5)
+            monkeypatch.setattr(socket.socket, "recvfrom", spy("recvfrom"))
+            monkeypatch.setattr(socket.socket, "sendto", spy("sendto"))
+            client.sendto(b"ping", server.get_extra_info("sockname"))
+            await proto.count(1)
+            monkeypatch.undo()
+            assert client.recv(100) == b"ping"
+        server.close()
+        await proto.lost
+
+    run(dloop, main())
+    # The client's sendto, the server's reads (the second finds nothing)
+    # and its reply.
+    assert calls[:2] == ["sendto", "recvfrom"] and calls.count("sendto") == 2, calls
 
 
 def _burst(addr: Any, n: int) -> None:

@@ -31,13 +31,15 @@ speedups = pytest.importorskip(
 #: decision (the reference is the pure class's method of that name).
 OVERRIDES = {
     "Loop": {"__init__", "__setattr__", "__delattr__", "_core", "_build", "_Counters",
-             "_SocketTransport", "_SSLTransport", "_TransportShared", "_Serving", "call_soon",
+             "_SocketTransport", "_SSLTransport", "_DatagramTransport", "_TransportShared",
+             "_Serving", "call_soon",
              "create_future", "get_debug", "time", "_run_once", "_set_callback"},
     "SocketTransport": {"__init__", "__del__", "_connection_made", "_start_reading", "close",
                         "_read_ready__on_eof", "_call_connection_lost",
                         "_read_ready__data_received", "_read_ready__get_buffer", "write",
                         "_write_now", "is_closing"},
     "SSLTransport": {"get_buffer", "buffer_updated", "_do_read", "write", "_process_outgoing"},
+    "DatagramTransport": {"_read_ready", "sendto"},
     "TransportShared": {"flush"},
     "Serving": {"__init__", "accepted"},
     "CompiledAccept": {"accept_one", "burst", "take_queued"},
