@@ -260,6 +260,22 @@ def _pure_loop() -> str:
     pytest.skip(loops.missing("relaxed-eager-pure") or "")
 
 
+def _smoke_run(name: str, loop: str, folder: Path) -> dict[str, Any]:
+    """Workload *name* on *loop*, one 0.2 s window per figure, through
+    ``python -m benchmarks run``: its entry in the results, checked free
+    of errors."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "--workloads", name, "--loops", loop,
+         "--duration", "0.2", "--warmup", "0.1", "--repeat", "1", "--no-syscalls",
+         "--no-charts", "--results", str(folder)],
+        cwd=processes.ROOT, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = folder.glob("*.json")
+    (entry,) = json.loads(path.read_text())["workloads"]
+    assert entry["errors"] == {} and entry["unsupported"] == {}, entry
+    return entry  # type: ignore[no-any-return]
+
+
 @pytest.mark.bench
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("name", APPS)
@@ -272,15 +288,7 @@ def test_smoke_app_workload(name: str, tmp_path: Path) -> None:
     if why:
         pytest.skip(why)
     loop = _pure_loop()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "run", "--workloads", name, "--loops", loop,
-         "--duration", "0.2", "--warmup", "0.1", "--repeat", "1", "--no-syscalls",
-         "--no-charts", "--results", str(tmp_path)],
-        cwd=processes.ROOT, capture_output=True, text=True, timeout=80)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = tmp_path.glob("*.json")
-    (entry,) = json.loads(path.read_text())["workloads"]
-    assert entry["errors"] == {} and entry["unsupported"] == {}, entry
+    entry = _smoke_run(name, loop, tmp_path)
     assert entry["unit"] == w.unit and set(entry["loops"]) == {loop}
     data: dict[str, Any] = entry["loops"][loop]
     med = data["median"]
@@ -334,15 +342,7 @@ def test_smoke_redis_proxy_open_loop(tmp_path: Path) -> None:
         pytest.skip(f"{OPEN_REDIS} sets its rate from uvloop's capacity: "
                     f"{loops.missing('uvloop')}")
     loop = _pure_loop()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "run", "--workloads", w.name, "--loops", loop,
-         "--duration", "0.2", "--warmup", "0.1", "--repeat", "1", "--no-syscalls",
-         "--no-charts", "--results", str(tmp_path)],
-        cwd=processes.ROOT, capture_output=True, text=True, timeout=80)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = tmp_path.glob("*.json")
-    (entry,) = json.loads(path.read_text())["workloads"]
-    assert entry["errors"] == {} and entry["unsupported"] == {}, entry
+    entry = _smoke_run(w.name, loop, tmp_path)
     assert set(entry["loops"]) == {"uvloop", loop}
     data: dict[str, Any] = entry["loops"][loop]
     assert "redis x16" in data["client"], data["client"]

@@ -311,7 +311,7 @@ def test_failed_send_is_error_received(dloop: asyncio.AbstractEventLoop) -> None
 
 
 #: The largest UDP payload of each family: one byte more is EMSGSIZE.
-_UDP_PAYLOAD_MAX = {socket.AF_INET: 65507, socket.AF_INET6: 65527}
+_UDP_PAYLOAD_MAX: dict[int, int] = {socket.AF_INET: 65507, socket.AF_INET6: 65527}
 
 
 async def _reply_outcomes(loop: asyncio.AbstractEventLoop, family: str) -> list[Any]:
@@ -325,7 +325,7 @@ async def _reply_outcomes(loop: asyncio.AbstractEventLoop, family: str) -> list[
     other_fam, other_addr = _family_addr("ipv6" if family == "ipv4" else "ipv4")
     server, proto = await _endpoint(loop, local_addr=addr, family=fam)
     other, other_proto = await _endpoint(loop, local_addr=other_addr, family=other_fam)
-    clients = []
+    clients: list[socket.socket] = []
     for name in (b"a", b"b"):
         client = socket.socket(fam, socket.SOCK_DGRAM)
         client.bind(addr)

@@ -86,8 +86,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.counts import driver
-from benchmarks.counts.driver import (FLOOR, HTTP, LIFE, PAIRS, TLS, TLSLIFE, UDP, UDP_BURST,
-                                     WARMUP_ROUNDS)
+from benchmarks.counts.driver import (
+    FLOOR,
+    HTTP,
+    LIFE,
+    PAIRS,
+    TLS,
+    TLSLIFE,
+    UDP,
+    UDP_BURST,
+    WARMUP_ROUNDS,
+)
 from benchmarks.harness import checkout, loops, processes, results, tables, tls
 
 #: The two run lengths whose difference is measured: 5,000 requests apart
