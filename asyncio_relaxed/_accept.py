@@ -120,6 +120,7 @@ _C_ACCEPT = getattr(_socket.socket, "_accept", None)
 _SOCKET: Any = socket.socket
 _FAMILY = _socket.socket.family
 _TYPE = _socket.socket.type
+_TCP_FAMILIES = (int(socket.AF_INET), int(socket.AF_INET6))
 
 #: accept() errors that mean "out of a resource", not "this connection failed":
 #: the listener backs off instead of spinning on an fd that stays ready.
@@ -150,7 +151,10 @@ BALANCED_SHRINK = 0.5
 
 def accept_queue_length(sock: socket.socket) -> int | None:
     """Connections waiting in *sock*'s accept queue, or None where unknown."""
-    if not QUEUE_LENGTH_KNOWN or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    # The C socket's family is an int: socket.socket.family would make the
+    # AddressFamily member, an enum lookup per call (a listener's every event).
+    family = _FAMILY.__get__(sock) if isinstance(sock, _socket.socket) else sock.family
+    if not QUEUE_LENGTH_KNOWN or family not in _TCP_FAMILIES:
         return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED_END)

@@ -646,6 +646,7 @@ class CompiledAccept:
     accept_one = accept_one
     burst = burst
     take_queued = take_queued
+    read_queue_length = read_queue_length
 
 
 class BatchListener(CompiledAccept, _accept.BatchListener):

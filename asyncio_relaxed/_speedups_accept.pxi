@@ -34,6 +34,8 @@ cdef Py_ssize_t L_PROTOCOL_FACTORY = slot(PyListener, "protocol_factory")
 cdef Py_ssize_t L_SERVER = slot(PyListener, "server")
 cdef Py_ssize_t L_INHERITS = slot(PyListener, "inherits")
 cdef Py_ssize_t L_SOCKNAME = slot(PyListener, "sockname")
+cdef Py_ssize_t L_QUEUE_LENGTH = slot(PyListener, "queue_length")
+cdef Py_ssize_t L_QUEUE_LENGTH_MAX = slot(PyListener, "queue_length_max")
 # Serving's.
 cdef Py_ssize_t V_LOOP = slot(PyServing, "loop")
 cdef Py_ssize_t V_OWN_TLS = slot(PyServing, "own_tls")
@@ -127,6 +129,61 @@ def burst(self, budget, queued):
         elif outcome is not ABORTED:
             break
     return taken
+
+
+# The accept queue's length (_accept.accept_queue_length): the module's
+# function, which a test may replace, and what it reads.
+cdef dict ACCEPT_MODULE = vars(_accept)
+cdef object ACCEPT_QUEUE_LENGTH = _accept.accept_queue_length
+cdef object PY_READ_QUEUE_LENGTH = PyListener.read_queue_length
+cdef bint QUEUE_LENGTH_KNOWN = _accept.QUEUE_LENGTH_KNOWN
+cdef int TCPI_UNACKED_END = _accept._TCPI_UNACKED_END
+
+cdef extern from *:
+    """
+    #include <netinet/tcp.h>
+    #include <stdint.h>
+    #include <string.h>
+
+    /* The first *end* bytes of a TCP socket's tcp_info, and in them the
+       32-bit count ending at *end* (tcpi_unacked: a listener's accept
+       queue); -1 where getsockopt fails or gives fewer bytes. */
+    static long ar_accept_queue(int fd, int end) {
+        unsigned char info[64];
+        socklen_t n = (socklen_t)end;
+        uint32_t value;
+        if (end < 4 || end > (int)sizeof(info)
+                || getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &n) < 0 || (int)n < end) {
+            return -1;
+        }
+        memcpy(&value, info + end - 4, sizeof(value));
+        return (long)value;
+    }
+    """
+    long ar_accept_queue(int fd, int end)
+
+
+def read_queue_length(self):
+    """Listener.read_queue_length on a plain TCP listener while _accept's
+    accept_queue_length is its own: the same getsockopt(TCP_INFO) on the
+    descriptor, recorded as the pure method records it; anything else is
+    the pure method's."""
+    cdef long queued
+    if (not is_listener(self) or not QUEUE_LENGTH_KNOWN or not get(self, L_PLAIN)
+            or ACCEPT_MODULE.get("accept_queue_length") is not ACCEPT_QUEUE_LENGTH):
+        return PY_READ_QUEUE_LENGTH(self)
+    family = get(self, L_FAMILY)
+    if family != AF_INET and family != AF_INET6:
+        return None
+    queued = ar_accept_queue(AR_SOCK_FD(get(self, L_SOCK)), TCPI_UNACKED_END)
+    if queued < 0:
+        return None
+    value = queued
+    ar_set(self, L_QUEUE_LENGTH, value)
+    most = get(self, L_QUEUE_LENGTH_MAX)
+    if most is None or queued > <long>most:
+        ar_set(self, L_QUEUE_LENGTH_MAX, value)
+    return value
 
 
 def take_queued(self):

@@ -129,6 +129,7 @@ cdef extern from *:
     int ar_accept_inet(int fd, char *host, Py_ssize_t *host_len, int *port)
     object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
     enum: AF_INET
+    enum: AF_INET6
     enum: SOCK_NONBLOCK
 
     # Not in libc's .pxd files.

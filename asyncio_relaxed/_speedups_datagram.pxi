@@ -88,7 +88,6 @@ cdef extern from *:
     ssize_t ar_sendto(int fd, const void *buf, size_t n, const sockaddr_storage *sa,
                       socklen_t len) nogil
     object ar_ip_address(const sockaddr_storage *sa, socklen_t len)
-    enum: AF_INET6
 
 
 # The address the last compiled read made, its sockaddr and the family of

@@ -42,7 +42,7 @@ OVERRIDES = {
     "DatagramTransport": {"_read_ready", "sendto"},
     "TransportShared": {"flush"},
     "Serving": {"__init__", "accepted"},
-    "CompiledAccept": {"accept_one", "burst", "take_queued"},
+    "CompiledAccept": {"accept_one", "burst", "take_queued", "read_queue_length"},
     "BatchListener": {"ready"},
     "SingleListener": {"ready"},
     "RelaxedListener": set(),
