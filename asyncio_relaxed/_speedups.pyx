@@ -171,11 +171,11 @@ _check_socket_layout()
 
 # socket.socket's recv, send and sendmsg (and recvfrom and sendto, for
 # datagrams) are the C socket's own, and the compiled transports call them
-# as system calls on the descriptor while the class still has them: its version tag (which CPython changes whenever the
-# class or a base is modified) is the one it had when they were last found
-# unchanged.  A patch of socket.socket.send, say, changes the tag, and the
-# transport then calls the methods as the pure one does until the patch is
-# undone.
+# as system calls on the descriptor while the class still has them: its
+# version tag (which CPython changes whenever the class or a base is
+# modified) is the one it had when they were last found unchanged.  A patch
+# of socket.socket.send, say, changes the tag, and the transport then calls
+# the methods as the pure one does until the patch is undone.
 import _socket
 cdef object C_RECV = _socket.socket.recv
 cdef object C_SEND = _socket.socket.send
