@@ -58,8 +58,8 @@ connection read, that is loop iterations that ran nothing but the poller
 and the pacer.  CPU time, not wall time, so that a client preempted while
 it spins is not counted as waiting.  An iteration in which an answer
 arrived counts as work, whole.  ``client_headroom``,
-``1 - (client_cpu - pacer_wait)``, is the share of its CPU the client had
-left: near 0, the client, not the server, may be what limits.  It is an
+``1 - (client_cpu - pacer_wait)`` and never below 0, is the share of its
+CPU the client had left: near 0, the client, not the server, may be what limits.  It is an
 estimate in both modes, the same way (an iteration that ran other
 callbacks but read nothing counts as waiting); the timer only makes the
 spinning, and so the estimate's part, small at low rates.  The runner pins the
@@ -862,7 +862,9 @@ async def _measure(meter: Meter, pacer: Pacer | None, command: str, warmup: floa
     out: dict[str, Any] = {"requests": meter.latencies.count, "elapsed": duration,
                            **meter.latencies.figures(),
                            "achieved_rate": meter.arrived / duration, "client_cpu": client_cpu,
-                           "client_headroom": 1 - (client_cpu - pacer_wait)}
+                           # (getrusage's CPU time can pass the window's wall time
+                           # by microseconds: a client busy throughout has none left)
+                           "client_headroom": max(0.0, 1 - (client_cpu - pacer_wait))}
     if pacer is not None:
         out["pacer"] = pacer.mode
         out["pacer_wait"] = pacer_wait
