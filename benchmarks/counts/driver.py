@@ -159,11 +159,12 @@ class Driver:
     by the server leaves the rest for later; then it tries again)."""
 
     def __init__(self, clients: list[socket.socket], size: int, rounds: int,
-                 on_round: Callable[[int], None] | None = None) -> None:
+                 on_round: Callable[[int], None] | None = None, burst: int = 1) -> None:
         self.clients = clients
         self.on_round = on_round or _no_hook
         self.message = os.urandom(size)
         self.size = size
+        self.burst = burst  # messages per client per round (udp: datagrams)
         self.rounds = rounds
         self.missing = [0] * len(clients)
         self.unechoed = 0  # bytes of this round the server has not written back
@@ -171,10 +172,11 @@ class Driver:
     def send_round(self) -> None:
         self.rounds -= 1
         self.on_round(self.rounds)
-        self.unechoed = self.size * len(self.clients)
+        self.unechoed = self.size * self.burst * len(self.clients)
         for i, client in enumerate(self.clients):
-            client.sendall(self.message)  # the peer's buffer holds a whole message
-            self.missing[i] = self.size
+            for _ in range(self.burst):
+                client.sendall(self.message)  # the peer's buffer holds a whole round
+            self.missing[i] = self.size * self.burst
 
     def echoed(self, nbytes: int) -> bool:
         """The server wrote *nbytes* back; True when that completes the round."""
@@ -300,21 +302,6 @@ def _round_keeper(loop: asyncio.AbstractEventLoop, driver: Driver,
     return round_done
 
 
-class UdpDriver(Driver):
-    """The ``udp`` clients: connected UDP sockets, each sending a burst of
-    ``UDP_BURST`` datagrams per round (Driver.receive reads them back: a
-    UDP recv returns one datagram)."""
-
-    def send_round(self) -> None:
-        self.rounds -= 1
-        self.on_round(self.rounds)
-        self.unechoed = self.size * UDP_BURST * len(self.clients)
-        for i, client in enumerate(self.clients):
-            for _ in range(UDP_BURST):
-                client.send(self.message)
-            self.missing[i] = self.size * UDP_BURST
-
-
 class _UdpEcho(asyncio.DatagramProtocol):
     """Sends each datagram back to where it came from."""
 
@@ -342,7 +329,8 @@ def udp_child(loop_name: str, rounds: int,
         client.connect(server.getsockname())
         client.setblocking(False)
         clients.append(client)
-    driver = UdpDriver(clients, UDP_SIZE, WARMUP_ROUNDS + rounds, on_round)
+    # (Driver.receive reads the echoes back: a UDP recv returns one datagram.)
+    driver = Driver(clients, UDP_SIZE, WARMUP_ROUNDS + rounds, on_round, burst=UDP_BURST)
     try:
         if loop_name == FLOOR:
             floor_udp(server, driver)

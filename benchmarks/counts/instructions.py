@@ -193,17 +193,16 @@ def table(result: dict[str, dict[str, float]],
         if size == TLSLIFE:
             head += ["a TLS connection's life: instr/conn", "vs asyncio"]
             continue
+        unit = "req"
         if size == UDP:
-            head += [f"UDP {driver.UDP_SIZE // 1024} KiB: instr/dgram", "above floor",
-                     "vs asyncio (above floor)"]
-            continue
-        if size in driver.OVER_TLS:
+            label, unit = f"UDP {driver.UDP_SIZE // 1024} KiB", "dgram"
+        elif size in driver.OVER_TLS:
             label = f"{'TLS' if size == TLS else 'start_tls'} {driver.TLS_SIZE // 1024} KiB"
         elif size == driver.STREAMS:
             label = f"streams {driver.STREAMS_SIZE // 1024} KiB"
         else:
             label = f"{size // 1024} KiB" if int(size) % 1024 == 0 else f"{size} B"
-        head += [f"{label}: instr/req", "above floor", "vs asyncio (above floor)"]
+        head += [f"{label}: instr/{unit}", "above floor", "vs asyncio (above floor)"]
     floor = result[FLOOR]
     stock = result.get("asyncio")
     body = []
