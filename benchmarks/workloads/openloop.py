@@ -581,8 +581,8 @@ TimerFdApi = tuple[Callable[[int, int], int], Callable[[int, bool, int], None]]
 
 def _os_timerfd() -> TimerFdApi:
     """The timerfd of the os module (Python 3.13+ on Linux)."""
-    if sys.version_info < (3, 13):
-        raise AttributeError("os.timerfd_create is Python 3.13+'s")
+    if not hasattr(os, "timerfd_create"):
+        raise AttributeError("not in this Python's os module (3.13+ on Linux)")
 
     def settime(fd: int, absolute: bool, ns: int) -> None:
         os.timerfd_settime_ns(fd, flags=TFD_TIMER_ABSTIME if absolute else 0, initial=ns)
@@ -629,9 +629,6 @@ def timer_backend() -> tuple[TimerFdApi | None, str]:
     reasons = []
     for name, make in (("os.timerfd_create", _os_timerfd),
                        ("libc timerfd_create via ctypes", _libc_timerfd)):
-        if name.startswith("os.") and not hasattr(os, "timerfd_create"):
-            reasons.append(f"no {name} (Python 3.13+ on Linux)")
-            continue
         try:
             api = make()
             os.close(api[0](time.CLOCK_MONOTONIC, TFD_FLAGS))  # it works here
