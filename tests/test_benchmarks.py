@@ -1500,6 +1500,16 @@ def test_bytecodes_groups_and_tables() -> None:
                        ["_loop:Loop._run_once", "asyncio_relaxed", "30.0", "—"]]
 
 
+def _bytecodes_child(loop_name: str, size: str) -> dict[str, Any]:
+    """What ``python -m benchmarks bytecodes --child LOOP SIZE 5`` counted
+    (5 measured rounds), from a process of its own."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, size, "5"],
+        cwd=processes.ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
 @pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is CPython 3.12+'s")
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred",
                                        "relaxed-eager-pure"])
@@ -1509,11 +1519,7 @@ def test_bytecodes_child_counts_the_same_twice(loop_name: str) -> None:
     from benchmarks.counts import driver
 
     def counted() -> dict[str, Any]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, "1024",
-             "5"], cwd=processes.ROOT, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.splitlines()[-1])
+        return _bytecodes_child(loop_name, "1024")
 
     first, second = counted(), counted()
     assert first["requests"] == 5 * driver.PAIRS
@@ -1570,11 +1576,7 @@ def test_the_udp_count_is_per_datagram() -> None:
 def test_bytecodes_child_counts_the_udp_echo(loop_name: str) -> None:
     """The datagram echo's read batch and sendto: the pure transport's
     methods on the pure build, no bytecode of them on the compiled one."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, "udp", "5"],
-        cwd=processes.ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    functions = json.loads(proc.stdout.splitlines()[-1])["functions"]
+    functions = _bytecodes_child(loop_name, "udp")["functions"]
     ours = {"_datagram:DatagramTransport._read_ready", "_datagram:DatagramTransport.sendto"}
     if _compiled(loop_name):
         assert not ours & set(functions), functions
@@ -1587,11 +1589,7 @@ def test_bytecodes_child_counts_the_tls_echo(tls_dir: Path) -> None:
     """Over TLS the floor's bytecodes are its own function's; our loop runs
     its own TLS transport, and stock's SSLProtocol under tls=stock."""
     def counted(loop_name: str) -> dict[str, Any]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks", "bytecodes", "--child", loop_name, "tls", "5"],
-            cwd=processes.ROOT, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.splitlines()[-1])["functions"]  # type: ignore[no-any-return]
+        return _bytecodes_child(loop_name, "tls")["functions"]  # type: ignore[no-any-return]
 
     floor = counted("floor")
     assert floor["driver:floor_tls"][0] == "floor" and "driver:floor" not in floor
