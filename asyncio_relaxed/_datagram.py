@@ -30,6 +30,17 @@ Whatever the batch leaves, the level-triggered poller reports again.  An
 exception from the protocol's callbacks ends the batch and reaches the loop's
 exception handler as the reader's own, as stock's does.
 
+Held datagrams (the compiled build).  The compiled transport reads a batch
+with one ``recvmmsg``, so the datagrams after the one whose callback paused
+reading or raised are out of the kernel already.  They wait, in order, in
+``_held``: the next ``_read_ready`` delivers them before it reads again,
+under the same rules (each may pause, close or raise), and one is scheduled
+where no readiness event may come: after the exception, and at
+``resume_reading()``.  Closing drops them, as closing a socket drops what its
+kernel queue holds.  The pure transport reads one datagram per call and
+never holds one; it delivers what a compiled read held (a class patched
+between two events takes this path).
+
 The buffer (sockets other than IP): a datagram read returns at most 256 KiB
 on stock (its ``max_size``), so the loop's buffer serves when ``read_size``
 is at least that; otherwise the transport reads into a 256 KiB buffer of its
@@ -94,7 +105,7 @@ def _receive_view(sock: socket.socket, shared: TransportShared) -> memoryview | 
 class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     """A datagram transport over a non-blocking socket (UDP or Unix)."""
 
-    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_stats", "_view")
+    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_held", "_stats", "_view")
 
     # Kept for code that reads it, as on stock; reads are bounded by MAX_SIZE.
     max_size = MAX_SIZE
@@ -115,6 +126,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._buffer_size = 0  # payloads plus header bytes (see the module docstring)
         self._batch = shared.config.datagram_batch
+        self._held: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._stats = shared.stats  # (an attribute read less per event and per send)
         self._view = _receive_view(sock, shared)
         self.set_protocol(protocol)
@@ -130,6 +142,8 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     def _start_reading(self) -> None:
         if not self._closing and not self._paused:
             self._watch_read(self._read_ready)
+            if self._held:  # (see the module docstring: no event may come for them)
+                self._loop.call_soon(self._read_ready, context=self._context)
 
     def get_write_buffer_size(self) -> int:
         return self._buffer_size
@@ -139,7 +153,9 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     def _read_ready(self) -> None:
         """One readiness event: up to the batch of datagrams (see the module
         docstring for where the batch ends)."""
-        if self._conn_lost:
+        if self._closing or self._paused:
+            return  # (a turn scheduled for held datagrams, since paused or closed)
+        if self._held and not self._deliver_held():
             return
         stats = self._stats
         stats.datagram_read_events += 1
@@ -188,6 +204,26 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
             stats.datagram_recv += received + last
             stats.datagrams_received += received
             stats.datagram_bytes_received += nbytes_in
+
+    def _deliver_held(self) -> bool:
+        """The held datagrams, in order: True once all are delivered, False
+        if a callback paused reading or closed the transport (the rest stay
+        held, or are dropped by the close).  After an exception, a turn is
+        scheduled for the rest."""
+        held = self._held
+        stats = self._stats
+        try:
+            while held:
+                data, addr = held.popleft()
+                stats.datagrams_received += 1
+                stats.datagram_bytes_received += len(data)
+                self._protocol.datagram_received(data, addr)
+                if self._closing or self._paused:
+                    return False
+        finally:
+            if held and not self._paused and not self._closing:
+                self._loop.call_soon(self._read_ready, context=self._context)
+        return True
 
     # -- writing ----------------------------------------------------------
 
@@ -307,6 +343,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                 self._protocol.connection_lost(exc)
         finally:
             self._forget()
+            self._held.clear()  # (a close drops them: see the module docstring)
             self._sock.close()  # type: ignore[union-attr]
             self._sock = None
             self._protocol = None

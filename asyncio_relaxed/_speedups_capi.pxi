@@ -15,7 +15,7 @@ from cpython.object cimport PyObject, PyObject_TypeCheck, PyTypeObject
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.errno cimport errno, EAGAIN, EBADF, EEXIST, EINTR, ENOENT
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 cdef extern from *:
     """

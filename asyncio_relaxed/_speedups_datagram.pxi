@@ -1,17 +1,23 @@
 # The datagram transport's read batch and sendto (asyncio_relaxed._datagram),
 # compiled: what every datagram of a UDP service runs.  A readiness event
-# reads its batch by recvfrom() (recv() on a connected socket) on the
-# descriptor into the process's receive buffer, each datagram an exact-size
-# bytes and its sender's address made as socket.recvfrom() makes it, then
-# datagram_received; sendto() of bytes with nothing buffered is one
-# sendto() (send()) system call.
+# reads its batch with one recvmmsg() on the descriptor (libuv's
+# uv__udp_recvmmsg), the i-th datagram into the i-th 64 KiB slot of the
+# process's receive buffer, and copies each into an exact-size bytes, with
+# its sender's address made as socket.recvfrom() makes it, before any
+# datagram_received runs (other code may then read into the buffer).  A
+# recvmmsg() that returns fewer than it asked for found the socket dry: the
+# batch ends without the EAGAIN read the pure batch makes.  The datagrams
+# after a callback that pauses reading or raises wait in _held (see
+# _datagram's "Held datagrams").  sendto() of bytes with nothing buffered is
+# one sendto() (send()) system call.
 #
-# The address a read made is remembered with its sockaddr (one for the
-# process, with the family of the socket it came from): a sendto() to an
-# address equal to it, on a socket of that family, sends to that sockaddr
-# without parsing the tuple again (an echo, or a reply from
-# datagram_received, the common case).  Any other address is the socket's
-# own sendto()'s to parse, with its errors.
+# Consecutive datagrams of a batch from the same sockaddr share one address
+# tuple.  The address of the datagram being delivered is remembered with its
+# sockaddr (one for the process, with the family of the socket it came
+# from): a sendto() to an address equal to it, on a socket of that family,
+# sends to that sockaddr without parsing the tuple again (an echo, or a
+# reply from datagram_received, the common case).  Any other address is the
+# socket's own sendto()'s to parse, with its errors.
 #
 # Every other path (a Unix datagram socket, a socket that is not exactly
 # socket.socket or whose class was patched, data that is not bytes, a
@@ -31,6 +37,7 @@ cdef Py_ssize_t D_BATCH = slot(_PyDatagramTransport, "_batch")
 cdef Py_ssize_t D_BUFFER = slot(_PyDatagramTransport, "_buffer")
 cdef Py_ssize_t D_CLOSING = slot(_PyDatagramTransport, "_closing")
 cdef Py_ssize_t D_CONN_LOST = slot(_PyDatagramTransport, "_conn_lost")
+cdef Py_ssize_t D_HELD = slot(_PyDatagramTransport, "_held")
 cdef Py_ssize_t D_PAUSED = slot(_PyDatagramTransport, "_paused")
 cdef Py_ssize_t D_PEERNAME = slot(_PyDatagramTransport, "_peername")
 cdef Py_ssize_t D_PROTOCOL = slot(_PyDatagramTransport, "_protocol")
@@ -75,6 +82,45 @@ cdef extern from *:
         return recvfrom(fd, buf, n, 0, (struct sockaddr *)sa, len);
     }
 
+    /* One recvmmsg() of up to AR_MMSG_WIDTH datagrams, the i-th into
+       buf + i * slot, its sender's address into names[i] where `named`
+       (an unconnected socket); the arrays are the caller's. */
+    #define AR_MMSG_WIDTH 32
+    typedef struct {
+        struct mmsghdr msgs[AR_MMSG_WIDTH];
+        struct iovec iov[AR_MMSG_WIDTH];
+        struct sockaddr_storage names[AR_MMSG_WIDTH];
+    } ar_mmsg_batch;
+
+    static int ar_recvmmsg(int fd, ar_mmsg_batch *b, char *buf, size_t slot,
+                           unsigned int want, int named) {
+        for (unsigned int i = 0; i < want; i++) {
+            struct msghdr *h = &b->msgs[i].msg_hdr;
+            b->iov[i].iov_base = buf + i * slot;
+            b->iov[i].iov_len = slot;
+            h->msg_name = named ? &b->names[i] : NULL;
+            h->msg_namelen = named ? sizeof(struct sockaddr_storage) : 0;
+            h->msg_iov = &b->iov[i];
+            h->msg_iovlen = 1;
+            h->msg_control = NULL;
+            h->msg_controllen = 0;
+            h->msg_flags = 0;
+        }
+        return recvmmsg(fd, b->msgs, want, 0, NULL);
+    }
+
+    static inline size_t ar_mmsg_len(const ar_mmsg_batch *b, int i) {
+        return b->msgs[i].msg_len;
+    }
+
+    static inline const struct sockaddr_storage *ar_mmsg_name(const ar_mmsg_batch *b, int i) {
+        return &b->names[i];
+    }
+
+    static inline socklen_t ar_mmsg_namelen(const ar_mmsg_batch *b, int i) {
+        return b->msgs[i].msg_hdr.msg_namelen;
+    }
+
     static inline ssize_t ar_sendto(int fd, const void *buf, size_t n,
                                     const struct sockaddr_storage *sa, socklen_t len) {
         return sendto(fd, buf, n, 0, (const struct sockaddr *)sa, len);
@@ -88,6 +134,14 @@ cdef extern from *:
     ssize_t ar_sendto(int fd, const void *buf, size_t n, const sockaddr_storage *sa,
                       socklen_t len) nogil
     object ar_ip_address(const sockaddr_storage *sa, socklen_t len)
+    enum: AR_MMSG_WIDTH
+    ctypedef struct ar_mmsg_batch:
+        pass
+    int ar_recvmmsg(int fd, ar_mmsg_batch *b, char *buf, size_t size, unsigned int want,
+                    int named) nogil
+    size_t ar_mmsg_len(const ar_mmsg_batch *b, int i) nogil
+    const sockaddr_storage *ar_mmsg_name(const ar_mmsg_batch *b, int i) nogil
+    socklen_t ar_mmsg_namelen(const ar_mmsg_batch *b, int i) nogil
 
 
 # The address the last compiled read made, its sockaddr and the family of
@@ -96,6 +150,17 @@ cdef object last_address = None
 cdef sockaddr_storage last_sockaddr
 cdef socklen_t last_sockaddr_len = 0
 cdef int last_family = -1
+
+
+cdef void keep_address(object addr, const sockaddr_storage *sa, socklen_t salen,
+                       int family) noexcept:
+    """*addr*, read from *sa* on a socket of *family*, becomes the last
+    address (the one a reply's sendto() finds without parsing)."""
+    global last_address, last_sockaddr_len, last_family
+    last_address = addr
+    memcpy(&last_sockaddr, sa, salen)
+    last_sockaddr_len = salen
+    last_family = family
 
 
 cdef inline bint is_datagram_transport(object o) noexcept:
@@ -124,36 +189,36 @@ class DatagramTransport(_PyDatagramTransport):
     __slots__ = ()
 
     def _read_ready(self):
-        """One readiness event: up to the batch of datagrams, each read by
-        a system call (see _datagram for where the batch ends)."""
-        global last_address, last_sockaddr_len, last_family
+        """One readiness event: up to the batch of datagrams, a recvmmsg()
+        for each AR_MMSG_WIDTH of them (see _datagram for where the batch
+        ends)."""
         cdef Counters stats
-        cdef Py_ssize_t n, i, batch
+        cdef Py_ssize_t n, i, j, want, left
         cdef int fd, family
-        cdef sockaddr_storage sa
         cdef socklen_t salen
+        cdef ar_mmsg_batch mmsg
         if not is_datagram_transport(self):
             return _PyDatagramTransport._read_ready(self)
-        if get(self, D_CONN_LOST):
-            return
+        if get(self, D_CLOSING) or get(self, D_PAUSED):
+            return  # (a turn scheduled for held datagrams, since paused or closed)
         sock = get(self, D_SOCK)
         if get(self, D_VIEW) is not None or not plain_socket(sock):
             return _PyDatagramTransport._read_ready(self)
+        if get(self, D_HELD) and not self._deliver_held():
+            return
         stats = <Counters?>get(self, D_STATS)
         stats.datagram_read_events += 1
-        if read_buffer_size < UDP_MAX:
-            reserve_read_buffer(UDP_MAX)
         peer = get(self, D_PEERNAME) or None  # a socketpair's is "": recvfrom tells None
         fd = AR_SOCK_FD(sock)
         family = AR_SOCK_FAMILY(sock)
-        batch = get(self, D_BATCH)
-        for i in range(batch):
+        left = get(self, D_BATCH)
+        want = min(left, AR_MMSG_WIDTH)
+        if read_buffer_size < want * UDP_MAX:
+            reserve_read_buffer(want * UDP_MAX)
+        while left > 0:
+            want = min(left, AR_MMSG_WIDTH)
             stats.datagram_recv += 1
-            if peer is None:
-                salen = sizeof(sa)
-                n = ar_recvfrom(fd, read_buffer, UDP_MAX, &sa, &salen)
-            else:
-                n = c_recv(fd, read_buffer, UDP_MAX, 0)
+            n = ar_recvmmsg(fd, &mmsg, read_buffer, UDP_MAX, want, peer is None)
             if n < 0:
                 if would_block(errno):
                     stats.datagram_recv_eagain += 1
@@ -164,20 +229,48 @@ class DatagramTransport(_PyDatagramTransport):
                     stats.datagram_errors += 1
                     (get(self, D_PROTOCOL)).error_received(exc)
                 return
-            data = PyBytes_FromStringAndSize(read_buffer, n)
-            if peer is None:
-                addr = ar_ip_address(&sa, salen)
-                last_address = addr
-                memcpy(&last_sockaddr, &sa, salen)
-                last_sockaddr_len = salen
-                last_family = family
+            # Every datagram out of the shared buffer before any callback runs.
+            got = [None] * (2 * n)
+            for i in range(n):
+                got[2 * i] = PyBytes_FromStringAndSize(read_buffer + i * UDP_MAX,
+                                                       ar_mmsg_len(&mmsg, i))
+            if peer is not None:
+                for i in range(n):
+                    got[2 * i + 1] = peer
             else:
-                addr = peer
-            stats.datagrams_received += 1
-            stats.datagram_bytes_received += n
-            (get(self, D_PROTOCOL)).datagram_received(data, addr)
-            if get(self, D_CLOSING) or get(self, D_PAUSED):
-                return
+                for i in range(n):
+                    salen = ar_mmsg_namelen(&mmsg, i)
+                    if (i and salen == ar_mmsg_namelen(&mmsg, i - 1) and memcmp(
+                            ar_mmsg_name(&mmsg, i), ar_mmsg_name(&mmsg, i - 1), salen) == 0):
+                        got[2 * i + 1] = got[2 * i - 1]  # the same sender: the same tuple
+                    else:
+                        got[2 * i + 1] = ar_ip_address(ar_mmsg_name(&mmsg, i), salen)
+            i = 0
+            try:
+                while i < n:
+                    data = got[2 * i]
+                    addr = got[2 * i + 1]
+                    if peer is None:
+                        keep_address(addr, ar_mmsg_name(&mmsg, i), ar_mmsg_namelen(&mmsg, i),
+                                     family)
+                    stats.datagrams_received += 1
+                    stats.datagram_bytes_received += len(<bytes>data)
+                    i += 1
+                    (get(self, D_PROTOCOL)).datagram_received(data, addr)
+                    if get(self, D_CLOSING) or get(self, D_PAUSED):
+                        return
+            finally:
+                if i < n and not get(self, D_CLOSING):
+                    # Read, not delivered: held for the next turn (scheduled
+                    # after an exception, at resume_reading() after a pause).
+                    held = get(self, D_HELD)
+                    for j in range(i, n):
+                        held.append((got[2 * j], got[2 * j + 1]))
+                    if not get(self, D_PAUSED):
+                        self._loop.call_soon(self._read_ready, context=self._context)
+            if n < want:
+                return  # the socket ran dry
+            left -= n
 
     def sendto(self, data, addr=None):
         """sendto() of bytes with nothing buffered, on an open IP socket:

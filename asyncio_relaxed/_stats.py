@@ -39,8 +39,14 @@ COUNTERS: dict[str, str] = {
     "partial_writes": "sends the kernel took only part of",
     "write_feeds": "short writes retried on the next iteration without waiting (feed policy)",
     "always_ready_fds": "registrations the kernel poller refused (EPERM), served as always ready",
-    "datagram_read_events": "readiness events served on datagram sockets (datagram=own)",
-    "datagram_recv": "recvfrom_into/recv_into calls on datagram sockets",
+    "datagram_read_events": (
+        "readiness events served on datagram sockets (datagram=own), and the turns "
+        "that deliver datagrams held past a pause or an exception"
+    ),
+    "datagram_recv": (
+        "read system calls on datagram sockets: recvfrom/recv a datagram each, or one "
+        "recvmmsg a batch (the compiled build)"
+    ),
     "datagram_recv_eagain": "datagram reads that found nothing to read (a batch's end)",
     "datagrams_received": "datagrams handed to datagram_received",
     "datagram_bytes_received": "bytes of the datagrams handed to datagram_received",

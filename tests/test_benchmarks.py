@@ -1308,11 +1308,17 @@ def test_smoke_udp_workloads(name: str, tmp_path: Path) -> None:
         assert sample["bursts"] > 0, loop_name
         assert sample["faults_per_unit"] >= 0, loop_name
     ours = entry["loops"]["relaxed-eager"]["median"]
-    assert 0 < ours["datagram_read_events_per_unit"] <= 1.0
-    # Each datagram read once, plus EAGAINs; the server's counters and the
-    # client's units are read at the window's marks a moment apart, so a
-    # little under 1 is the edges (0.9986 seen on PyPy), not a lost read.
-    assert ours["datagram_recv_per_unit"] >= 0.95
+    events = ours["datagram_read_events_per_unit"]
+    assert 0 < events <= 1.0
+    # The server's counters and the client's units are read at the window's
+    # marks a moment apart: a little off is the edges (0.9986 seen on PyPy),
+    # not a lost read.
+    if _compiled("relaxed-eager"):
+        # One recvmmsg() an event (two where a batch fills its 32).
+        assert 0.95 * events <= ours["datagram_recv_per_unit"] <= 2 * events
+    else:
+        # Each datagram read once, plus EAGAINs.
+        assert ours["datagram_recv_per_unit"] >= 0.95
     if "relaxed-datagram-stock" in entry["loops"]:
         assert entry["loops"]["relaxed-datagram-stock"]["median"][
             "datagram_read_events_per_unit"] == 0
