@@ -41,10 +41,14 @@ include "_speedups_capi.pxi"
 
 import asyncio
 import heapq
+import sys
 import socket as _socket_module
 from time import monotonic
 
 import weakref
+
+from cpython.object cimport PyObject_RichCompareBool, Py_LT
+from cpython.float cimport PyFloat_AS_DOUBLE
 
 from . import (_accept, _basetransport, _compat, _interest, _loop, _poller, _serving, _shared,
                _sockets, _stats, _transport, _writes)
@@ -66,6 +70,7 @@ cdef object events_module = _compat.events
 cdef object futures_module = _compat.futures
 cdef object socket_type = _socket_module.socket
 cdef object heappop = heapq.heappop
+cdef object heappush = heapq.heappush
 cdef object heapify = heapq.heapify
 cdef object end_time = _compat.end_time
 cdef object call_soon_pure = _compat.call_soon
@@ -77,10 +82,14 @@ cdef double MIN_CANCELLED_TIMER_HANDLES_FRACTION = _compat.MIN_CANCELLED_TIMER_H
 cdef long QUEUED = _writes.QUEUED
 cdef long IDLE = _writes.IDLE
 cdef bint CONTEXTS = _compat.PY315
+cdef bint PY314 = sys.version_info >= (3, 14)
+cdef object tasks_module = asyncio.tasks
+cdef object base_events_module = asyncio.base_events
 #: time_metrics: a loop that never waits ends a stretch every 32nd iteration (_loop).
 cdef long STRETCH_MASK = 31
 cdef object EVENT_READ = _poller.EVENT_READ
 cdef frozenset ROUTE_NAMES = _loop._ROUTE_NAMES
+cdef frozenset TASK_KEYWORDS = frozenset({"name", "context"})
 
 from ._backends import kernel_to_mask
 
@@ -107,6 +116,9 @@ cdef Py_ssize_t H_CONTEXT = slot(Handle, "_context")
 cdef Py_ssize_t H_LOOP = slot(Handle, "_loop")
 cdef Py_ssize_t H_REPR = slot(Handle, "_repr")
 cdef Py_ssize_t H_SOURCE_TRACEBACK = slot(Handle, "_source_traceback")
+# TimerHandle's own (the same from 3.11 to 3.15).
+cdef Py_ssize_t TH_WHEN = slot(TimerHandle, "_when")
+cdef Py_ssize_t TH_SCHEDULED = slot(TimerHandle, "_scheduled")
 # The socket transport's.
 cdef Py_ssize_t T_BUFFER = slot(_PySocketTransport, "_buffer")
 cdef Py_ssize_t T_BUFFER_SIZE = slot(_PySocketTransport, "_buffer_size")
@@ -903,6 +915,131 @@ cdef object register_reader(object loop, object fd, object callback, object cont
     return set_callback(core, loop, fd, 0, callback, (), context)
 
 
+# -- the timers ------------------------------------------------------------------
+#
+# call_at and call_later make stock's TimerHandle with its slots set (as
+# new_handle does a Handle), and the timer heap is kept by heapq's own
+# algorithm (Modules/_heapqmodule.c: siftdown, and siftup's bottom-up
+# variant) with TimerHandle.__lt__'s comparison of two stock TimerHandles
+# made on their _when, without the Python frame of __lt__: uvicorn
+# schedules and cancels a keep-alive timer per request.  Any other pair
+# of items is compared by `<`, as heapq compares them.
+
+cdef object TIMER_METHODS = None  # ClassWatch(TimerHandle, __init__, __lt__, cancel)
+
+
+cdef inline bint timers_stock():
+    """events.TimerHandle is stock's, with its own __init__ and __lt__."""
+    return (events_module.TimerHandle is TimerHandle
+            and (<ClassWatch>TIMER_METHODS).unchanged())
+
+
+cdef int timer_lt(object a, object b, bint stock) except -1:
+    """a < b, as heapq asks it."""
+    cdef PyObject *wa
+    cdef PyObject *wb
+    if stock and type(a) is TimerHandle and type(b) is TimerHandle:
+        wa = AR_SLOT(a, TH_WHEN)
+        wb = AR_SLOT(b, TH_WHEN)
+        if wa != NULL and wb != NULL:
+            if type(<object>wa) is float and type(<object>wb) is float:
+                return PyFloat_AS_DOUBLE(<object>wa) < PyFloat_AS_DOUBLE(<object>wb)
+            return PyObject_RichCompareBool(<object>wa, <object>wb, Py_LT)
+    return PyObject_RichCompareBool(a, b, Py_LT)
+
+
+cdef int heap_siftdown(list heap, Py_ssize_t startpos, Py_ssize_t pos, bint stock) except -1:
+    cdef Py_ssize_t parentpos, size = len(heap)
+    cdef int lt
+    newitem = heap[pos]
+    while pos > startpos:
+        parentpos = (pos - 1) >> 1
+        parent = heap[parentpos]
+        lt = timer_lt(newitem, parent, stock)
+        if size != len(heap):
+            raise RuntimeError("list changed size during iteration")
+        if not lt:
+            break
+        parent = heap[parentpos]
+        newitem = heap[pos]
+        heap[parentpos] = newitem
+        heap[pos] = parent
+        pos = parentpos
+    return 0
+
+
+cdef int heap_siftup(list heap, Py_ssize_t pos, bint stock) except -1:
+    cdef Py_ssize_t endpos = len(heap), startpos = pos, limit, childpos
+    cdef int lt
+    limit = endpos >> 1
+    while pos < limit:
+        childpos = 2 * pos + 1
+        if childpos + 1 < endpos:
+            lt = timer_lt(heap[childpos], heap[childpos + 1], stock)
+            if endpos != len(heap):
+                raise RuntimeError("list changed size during iteration")
+            childpos += lt ^ 1
+        tmp1 = heap[childpos]
+        tmp2 = heap[pos]
+        heap[childpos] = tmp2
+        heap[pos] = tmp1
+        pos = childpos
+    return heap_siftdown(heap, startpos, pos, stock)
+
+
+cdef object heap_push(object heap, object item):
+    """heapq.heappush(heap, item)."""
+    if type(heap) is not list:
+        return heappush(heap, item)
+    (<list>heap).append(item)
+    heap_siftdown(<list>heap, 0, len(<list>heap) - 1, timers_stock())
+    return None
+
+
+cdef object heap_pop(object heap):
+    """heapq.heappop(heap)."""
+    if type(heap) is not list:
+        return heappop(heap)
+    last = (<list>heap).pop()  # (IndexError on an empty heap, as heappop's)
+    if not heap:
+        return last
+    item = (<list>heap)[0]
+    (<list>heap)[0] = last
+    heap_siftup(<list>heap, 0, timers_stock())
+    return item
+
+
+cdef object schedule_timer(object loop, object when, object callback, tuple args,
+                           object context):
+    """The rest of BaseEventLoop.call_at outside debug mode, once when and
+    the loop are checked: events.TimerHandle(when, callback, args, loop,
+    context) with its slots set as its __init__ sets them, pushed on the
+    heap, then marked scheduled."""
+    timer = AR_NEW(TimerHandle)
+    ar_set(timer, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
+    ar_set(timer, H_LOOP, loop)
+    ar_set(timer, H_CALLBACK, callback)
+    ar_set(timer, H_ARGS, args)
+    ar_set(timer, H_CANCELLED, False)
+    ar_set(timer, H_REPR, None)
+    ar_set(timer, H_SOURCE_TRACEBACK, None)
+    ar_set(timer, TH_WHEN, when)
+    ar_set(timer, TH_SCHEDULED, False)
+    heap_push(loop._scheduled, timer)
+    ar_set(timer, TH_SCHEDULED, True)
+    return timer
+
+
+cdef inline int set_plain(object loop, str name, object value) except -1:
+    """setattr(loop, name, value) for a name neither mirrored nor routed
+    (Loop.__setattr__ does nothing more for it): the generic setattr on
+    the compiled class itself, without the __setattr__ call."""
+    if type(loop) is CLoop_type:
+        return PyObject_GenericSetAttr(loop, name, value)
+    setattr(loop, name, value)
+    return 0
+
+
 class Loop(_PyLoop):
     """The loop with its iteration and call_soon compiled; the transports
     and the counters it makes are this module's."""
@@ -964,6 +1101,54 @@ class Loop(_PyLoop):
     def time(self):
         return monotonic()
 
+    def call_at(self, when, callback, *args, context=None):
+        """BaseEventLoop.call_at, compiled outside debug mode while
+        events.TimerHandle is stock's: schedule_timer()."""
+        cdef LoopCore core = core_of(self)
+        if core is None or core.debug or not timers_stock():
+            return _PyLoop.call_at(self, when, callback, *args, context=context)
+        if when is None:
+            raise TypeError("when cannot be None")
+        if core.closed:
+            raise RuntimeError("Event loop is closed")
+        return schedule_timer(self, when, callback, args, context)
+
+    def call_later(self, delay, callback, *args, context=None):
+        """BaseEventLoop.call_later, compiled."""
+        cdef LoopCore core = core_of(self)
+        if core is None or core.debug or not timers_stock():
+            return _PyLoop.call_later(self, delay, callback, *args, context=context)
+        if delay is None:
+            raise TypeError("delay must not be None")
+        # Through self.call_at, as stock's: a call_at patched on the
+        # instance or a subclass sees every timer.
+        return self.call_at(self.time() + delay, callback, *args, context=context)
+
+    def _timer_handle_cancelled(self, handle):
+        """BaseEventLoop._timer_handle_cancelled (TimerHandle.cancel calls it)."""
+        if handle._scheduled:
+            set_plain(self, "_timer_cancelled_count", self._timer_cancelled_count + 1)
+
+    def create_task(self, coro, **kwargs):
+        """BaseEventLoop.create_task without its frame and _check_closed's,
+        outside debug mode and with no task factory: a Task of
+        asyncio.tasks' (looked up per call, as stock's); the rest, and any
+        keyword stock's signature does not take before 3.14, stock's."""
+        cdef LoopCore core = core_of(self)
+        if (core is None or core.debug or self._task_factory is not None
+                or (not PY314 and kwargs and not kwargs.keys() <= TASK_KEYWORDS)):
+            return _PyLoop.create_task(self, coro, **kwargs)
+        if core.closed:
+            raise RuntimeError("Event loop is closed")
+        return tasks_module.Task(coro, loop=self, **kwargs)
+
+    def _asyncgen_firstiter_hook(self, agen):
+        """BaseEventLoop._asyncgen_firstiter_hook without its frame (an
+        async generator's first step runs it); its warning, stock's."""
+        if self._asyncgens_shutdown_called:
+            return _PyLoop._asyncgen_firstiter_hook(self, agen)
+        self._asyncgens.add(agen)
+
     def _run_once(self):
         """Loop._run_once (the reference, and its comments), compiled."""
         cdef Py_ssize_t ntodo, ran, i, sched_count
@@ -994,8 +1179,8 @@ class Loop(_PyLoop):
                 self._timer_cancelled_count = 0
             else:
                 while scheduled and scheduled[0]._cancelled:
-                    self._timer_cancelled_count -= 1
-                    handle = heappop(scheduled)
+                    set_plain(self, "_timer_cancelled_count", self._timer_cancelled_count - 1)
+                    handle = heap_pop(scheduled)
                     handle._scheduled = False
 
         # Phase: writes made while the loop was not running.
@@ -1059,7 +1244,7 @@ class Loop(_PyLoop):
                 handle = scheduled[0]
                 if handle._when >= end:
                     break
-                handle = heappop(scheduled)
+                handle = heap_pop(scheduled)
                 handle._scheduled = False
                 ready.append(handle)
                 due = True
@@ -1123,3 +1308,4 @@ class Loop(_PyLoop):
 LOOP_CORE = slot(Loop, "_core")
 CLoop_type = Loop
 LOOP_METHODS = ClassWatch(Loop, ("call_soon", "_set_callback"))
+TIMER_METHODS = ClassWatch(TimerHandle, ("__init__", "__lt__"))

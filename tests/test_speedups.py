@@ -32,7 +32,8 @@ speedups = pytest.importorskip(
 OVERRIDES = {
     "Loop": {"__init__", "__setattr__", "__delattr__", "_core", "_build", "_Counters",
              "_SocketTransport", "_SSLTransport", "_DatagramTransport", "_TransportShared",
-             "_Serving", "call_soon",
+             "_Serving", "call_soon", "call_at", "call_later", "_timer_handle_cancelled",
+             "create_task", "_asyncgen_firstiter_hook",
              "create_future", "get_debug", "time", "_run_once", "_set_callback"},
     "SocketTransport": {"__init__", "__del__", "_connection_made", "_start_reading", "close",
                         "_read_ready__on_eof", "_call_connection_lost",
@@ -423,3 +424,122 @@ def test_loops_in_two_threads_wait_at_once() -> None:
         other.close()
         a.close()
         b.close()
+
+
+def test_timers_run_in_order_of_when_as_stock_schedules_them() -> None:
+    """call_at/call_later (compiled, with their own heap) against stock's
+    loop: the same timers, some cancelled, fire in the same order, and the
+    heap holds stock TimerHandles marked as stock marks them."""
+    import random
+
+    def fire(loop: asyncio.AbstractEventLoop) -> tuple[list[int], Any]:
+        rng = random.Random(7)
+        out: list[int] = []
+        base = loop.time() + 0.02
+        handles = []
+        for i in range(300):
+            when = base + rng.choice((0, 0.001, 0.002, 0.003)) + rng.random() * 0.01
+            if i % 2:
+                handles.append(loop.call_at(when, out.append, i))
+            else:
+                handles.append(loop.call_later(when - loop.time(), out.append, i))
+        assert all(type(h) is asyncio.TimerHandle and h._scheduled for h in handles)
+        whens = [h.when() for h in handles]
+        for h in handles[::3]:
+            h.cancel()
+        loop.run_until_complete(asyncio.sleep(0.05))
+        return out, whens
+
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        assert type(loop) is speedups.Loop
+        ours, whens = fire(loop)
+        assert loop._timer_cancelled_count == 0 and not loop._scheduled
+    finally:
+        loop.close()
+    live = [i for i in range(300) if i % 3]
+    assert sorted(ours) == live
+    # Each fired no earlier than any timer before it in the order of when.
+    assert [whens[i] for i in ours] == sorted(whens[i] for i in ours)
+
+
+def test_timer_arguments_and_errors_are_stocks() -> None:
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        with pytest.raises(TypeError, match="when cannot be None"):
+            loop.call_at(None, print)
+        with pytest.raises(TypeError, match="delay must not be None"):
+            loop.call_later(None, print)
+        context = __import__("contextvars").copy_context()
+        handle = loop.call_later(10, print, 1, 2, context=context)
+        assert handle._args == (1, 2) and handle._context is context
+        assert handle._source_traceback is None and handle._repr is None
+        assert not handle._cancelled and handle._loop is loop
+        assert loop._scheduled == [handle]
+        handle.cancel()
+        assert loop._timer_cancelled_count == 1
+        loop._scheduled[:] = [3]  # not a TimerHandle: compared as heapq compares
+        with pytest.raises(TypeError):
+            loop.call_at(loop.time(), print)
+        loop._scheduled.clear()
+        loop._timer_cancelled_count = 0
+        loop.set_debug(True)  # stock's, which records where the timer was made
+        assert loop.call_later(10, print)._source_traceback
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.call_later(1, print)
+    coro = asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.create_task(coro)
+    coro.close()
+
+
+def test_create_task_is_stocks_outside_its_fast_path() -> None:
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        async def main() -> Any:
+            task = loop.create_task(asyncio.sleep(0, "x"), name="named")
+            assert task.get_name() == "named" and await task == "x"
+            made = []
+            loop.set_task_factory(lambda lp, coro, **kw: made.append(kw) or
+                                  asyncio.Task(coro, loop=lp, **kw))
+            await loop.create_task(asyncio.sleep(0), name="f")
+            loop.set_task_factory(None)
+            assert made
+            coro = asyncio.sleep(0)
+            with pytest.raises(TypeError):
+                loop.create_task(coro, bogus=1)
+            coro.close()
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def test_call_later_goes_through_a_patched_call_at() -> None:
+    """call_later calls self.call_at, as stock's does: a call_at replaced on
+    the instance or in a subclass sees every timer."""
+    seen: list[float] = []
+
+    class Sub(speedups.Loop):
+        def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+            seen.append(when)
+            return super().call_at(when, callback, *args, context=context)
+
+    for loop in (asyncio_relaxed.new_event_loop(), Sub()):
+        try:
+            if type(loop) is speedups.Loop:
+                original = loop.call_at
+
+                def call_at(when: float, callback: Any, *args: Any,
+                            context: Any = None) -> Any:
+                    seen.append(when)
+                    return original(when, callback, *args, context=context)
+
+                loop.call_at = call_at  # type: ignore[method-assign]
+            before = len(seen)
+            handle = loop.call_later(10, print)
+            assert len(seen) == before + 1 and seen[-1] == handle.when()
+            handle.cancel()
+        finally:
+            loop.close()
