@@ -105,7 +105,8 @@ def _receive_view(sock: socket.socket, shared: TransportShared) -> memoryview | 
 class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     """A datagram transport over a non-blocking socket (UDP or Unix)."""
 
-    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_held", "_stats", "_view")
+    __slots__ = ("_address", "_batch", "_buffer", "_buffer_size", "_held", "_last_read",
+                 "_stats", "_view")
 
     # Kept for code that reads it, as on stock; reads are bounded by MAX_SIZE.
     max_size = MAX_SIZE
@@ -127,6 +128,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
         self._buffer_size = 0  # payloads plus header bytes (see the module docstring)
         self._batch = shared.config.datagram_batch
         self._held: collections.deque[tuple[bytes, Any]] = collections.deque()
+        self._last_read = 0  # datagrams the last event read (the compiled read's choice)
         self._stats = shared.stats  # (an attribute read less per event and per send)
         self._view = _receive_view(sock, shared)
         self.set_protocol(protocol)

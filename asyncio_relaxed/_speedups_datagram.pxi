@@ -38,6 +38,7 @@ cdef Py_ssize_t D_BUFFER = slot(_PyDatagramTransport, "_buffer")
 cdef Py_ssize_t D_CLOSING = slot(_PyDatagramTransport, "_closing")
 cdef Py_ssize_t D_CONN_LOST = slot(_PyDatagramTransport, "_conn_lost")
 cdef Py_ssize_t D_HELD = slot(_PyDatagramTransport, "_held")
+cdef Py_ssize_t D_LAST_READ = slot(_PyDatagramTransport, "_last_read")
 cdef Py_ssize_t D_PAUSED = slot(_PyDatagramTransport, "_paused")
 cdef Py_ssize_t D_PEERNAME = slot(_PyDatagramTransport, "_peername")
 cdef Py_ssize_t D_PROTOCOL = slot(_PyDatagramTransport, "_protocol")
@@ -182,39 +183,74 @@ cdef bint is_last_address(object addr, int family):
     return addr == last_address
 
 
-class DatagramTransport(_PyDatagramTransport):
-    """The datagram transport with its read batch and sendto() compiled
-    for IP sockets."""
+# recvmmsg() costs more than recvfrom() when there is one datagram to read:
+# on this project's machine (a VM, Linux 6.x) one datagram and the EAGAIN
+# after it took 1,100 ns by two recvfrom() and 1,300 ns by one recvmmsg();
+# two were even, and from four on recvmmsg() was 10-20 % cheaper a datagram
+# (docs/benchmarks.md, "Datagrams").  So an event reads by recvmmsg() where
+# the transport's last event read MMSG_FROM or more, else one recvfrom() a
+# datagram: a DNS-like server (a datagram an event) keeps the cheaper call,
+# a burst (QUIC) the batch.
+cdef Py_ssize_t MMSG_FROM = 3
 
-    __slots__ = ()
 
-    def _read_ready(self):
-        """One readiness event: up to the batch of datagrams, a recvmmsg()
-        for each AR_MMSG_WIDTH of them (see _datagram for where the batch
-        ends)."""
-        cdef Counters stats
-        cdef Py_ssize_t n, i, j, want, left
-        cdef int fd, family
-        cdef socklen_t salen
-        cdef ar_mmsg_batch mmsg
-        if not is_datagram_transport(self):
-            return _PyDatagramTransport._read_ready(self)
-        if get(self, D_CLOSING) or get(self, D_PAUSED):
-            return  # (a turn scheduled for held datagrams, since paused or closed)
-        sock = get(self, D_SOCK)
-        if get(self, D_VIEW) is not None or not plain_socket(sock):
-            return _PyDatagramTransport._read_ready(self)
-        if get(self, D_HELD) and not self._deliver_held():
-            return
-        stats = <Counters?>get(self, D_STATS)
-        stats.datagram_read_events += 1
-        peer = get(self, D_PEERNAME) or None  # a socketpair's is "": recvfrom tells None
-        fd = AR_SOCK_FD(sock)
-        family = AR_SOCK_FAMILY(sock)
-        left = get(self, D_BATCH)
-        want = min(left, AR_MMSG_WIDTH)
-        if read_buffer_size < want * UDP_MAX:
-            reserve_read_buffer(want * UDP_MAX)
+cdef int read_each(object self, Counters stats, int fd, int family, object peer) except -1:
+    """The batch a datagram a system call (recvfrom, or recv when connected)
+    into the receive buffer, its copy made before datagram_received runs."""
+    cdef Py_ssize_t n, i, batch, got = 0
+    cdef sockaddr_storage sa
+    cdef socklen_t salen
+    if read_buffer_size < UDP_MAX:
+        reserve_read_buffer(UDP_MAX)
+    batch = get(self, D_BATCH)
+    try:
+        for i in range(batch):
+            stats.datagram_recv += 1
+            if peer is None:
+                salen = sizeof(sa)
+                n = ar_recvfrom(fd, read_buffer, UDP_MAX, &sa, &salen)
+            else:
+                n = c_recv(fd, read_buffer, UDP_MAX, 0)
+            if n < 0:
+                if would_block(errno):
+                    stats.datagram_recv_eagain += 1
+                    return 0
+                try:
+                    raise_errno()
+                except OSError as exc:  # (raised: its traceback as the socket's would be)
+                    stats.datagram_errors += 1
+                    (get(self, D_PROTOCOL)).error_received(exc)
+                return 0
+            data = PyBytes_FromStringAndSize(read_buffer, n)
+            if peer is None:
+                addr = ar_ip_address(&sa, salen)
+                keep_address(addr, &sa, salen, family)
+            else:
+                addr = peer
+            got += 1
+            stats.datagrams_received += 1
+            stats.datagram_bytes_received += n
+            (get(self, D_PROTOCOL)).datagram_received(data, addr)
+            if get(self, D_CLOSING) or get(self, D_PAUSED):
+                return 0
+    finally:
+        ar_set(self, D_LAST_READ, got)
+    return 0
+
+
+cdef int read_batches(object self, Counters stats, int fd, int family,
+                      object peer) except -1:
+    """The batch by recvmmsg(), AR_MMSG_WIDTH datagrams a call at most, each
+    copied out of the receive buffer before the first datagram_received;
+    what a pause or an exception leaves is held (see _datagram)."""
+    cdef Py_ssize_t n, i, j, want, left, total = 0
+    cdef socklen_t salen
+    cdef ar_mmsg_batch mmsg
+    left = get(self, D_BATCH)
+    want = min(left, AR_MMSG_WIDTH)
+    if read_buffer_size < want * UDP_MAX:
+        reserve_read_buffer(want * UDP_MAX)
+    try:
         while left > 0:
             want = min(left, AR_MMSG_WIDTH)
             stats.datagram_recv += 1
@@ -222,13 +258,14 @@ class DatagramTransport(_PyDatagramTransport):
             if n < 0:
                 if would_block(errno):
                     stats.datagram_recv_eagain += 1
-                    return
+                    return 0
                 try:
                     raise_errno()
                 except OSError as exc:  # (raised: its traceback as the socket's would be)
                     stats.datagram_errors += 1
                     (get(self, D_PROTOCOL)).error_received(exc)
-                return
+                return 0
+            total += n
             # Every datagram out of the shared buffer before any callback runs.
             got = [None] * (2 * n)
             for i in range(n):
@@ -258,7 +295,7 @@ class DatagramTransport(_PyDatagramTransport):
                     i += 1
                     (get(self, D_PROTOCOL)).datagram_received(data, addr)
                     if get(self, D_CLOSING) or get(self, D_PAUSED):
-                        return
+                        return 0
             finally:
                 if i < n and not get(self, D_CLOSING):
                     # Read, not delivered: held for the next turn (scheduled
@@ -269,8 +306,42 @@ class DatagramTransport(_PyDatagramTransport):
                     if not get(self, D_PAUSED):
                         self._loop.call_soon(self._read_ready, context=self._context)
             if n < want:
-                return  # the socket ran dry
+                return 0  # the socket ran dry
             left -= n
+    finally:
+        ar_set(self, D_LAST_READ, total)
+    return 0
+
+
+class DatagramTransport(_PyDatagramTransport):
+    """The datagram transport with its read batch and sendto() compiled
+    for IP sockets."""
+
+    __slots__ = ()
+
+    def _read_ready(self):
+        """One readiness event: up to the batch of datagrams, by recvmmsg()
+        where the last event read MMSG_FROM or more, else one system call
+        each (see _datagram for where the batch ends)."""
+        cdef Counters stats
+        cdef int fd
+        if not is_datagram_transport(self):
+            return _PyDatagramTransport._read_ready(self)
+        if get(self, D_CLOSING) or get(self, D_PAUSED):
+            return  # (a turn scheduled for held datagrams, since paused or closed)
+        sock = get(self, D_SOCK)
+        if get(self, D_VIEW) is not None or not plain_socket(sock):
+            return _PyDatagramTransport._read_ready(self)
+        if get(self, D_HELD) and not self._deliver_held():
+            return
+        stats = <Counters?>get(self, D_STATS)
+        stats.datagram_read_events += 1
+        peer = get(self, D_PEERNAME) or None  # a socketpair's is "": recvfrom tells None
+        fd = AR_SOCK_FD(sock)
+        if <Py_ssize_t>get(self, D_LAST_READ) >= MMSG_FROM:
+            read_batches(self, stats, fd, AR_SOCK_FAMILY(sock), peer)
+        else:
+            read_each(self, stats, fd, AR_SOCK_FAMILY(sock), peer)
 
     def sendto(self, data, addr=None):
         """sendto() of bytes with nothing buffered, on an open IP socket:

@@ -100,6 +100,18 @@ def own(loop: asyncio.AbstractEventLoop) -> bool:
             and loop.config.datagram is asyncio_relaxed.DatagramMode.OWN)
 
 
+#: How our compiled transport reads its next event: a system call a datagram,
+#: or recvmmsg() batches (it chooses by what its last event read).
+READS = ["each", "batches"]
+
+
+def _read_by(transport: Any, read: str) -> None:
+    """Our transport's next event read *read*'s way (stock's: nothing to set)."""
+    from asyncio_relaxed import _datagram
+    if isinstance(transport, _datagram.DatagramTransport):
+        transport._last_read = 32 if read == "batches" else 0
+
+
 class Recorder(asyncio.DatagramProtocol):
     """What the transport tells its protocol, with a future per awaited count."""
 
@@ -369,13 +381,15 @@ def _one_port_on_two_hosts() -> list[socket.socket]:
     pytest.skip("no port free on both 127.0.0.1 and 127.0.0.2")
 
 
+@pytest.mark.parametrize("read", READS)
 def test_senders_of_one_port_on_two_hosts_are_told_apart(
-        dloop: asyncio.AbstractEventLoop) -> None:
+        dloop: asyncio.AbstractEventLoop, read: str) -> None:
     """Datagrams in one burst from the same port of two hosts, alternating:
     each is told with its own host (the compiled read reuses the address
     it made last only for the same sockaddr)."""
     async def main() -> list[Any]:
         server, proto = await _endpoint(dloop, local_addr=(LOCAL, 0))
+        _read_by(server, read)
         to = server.get_extra_info("sockname")
         peers = _one_port_on_two_hosts()
         try:
@@ -460,30 +474,75 @@ def test_a_burst_is_read_in_one_event(own_loop: asyncio_relaxed.Loop, n: int,
                                       events: int) -> None:
     """Datagrams waiting when the poll reports the socket: up to
     datagram_batch (32) read in one readiness event, each counted; 33 take
-    two events.  The pure build reads each with a system call, the second
-    event ending at EAGAIN; the compiled build makes one recvmmsg() an
-    event, and one that returns fewer than it asked for ends the batch
-    without the EAGAIN read."""
+    two events.  Each is read by a system call of its own, the second event
+    ending at EAGAIN; the compiled build reads an event that follows one
+    that read 3 or more by recvmmsg(), one call an event, and one that
+    returns fewer than it asked for ends the batch without an EAGAIN read."""
+    loop = own_loop
+
+    async def burst(server: Any, sproto: Recorder, first: int) -> Any:
+        before = loop.statistics()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            for i in range(first, first + n):
+                peer.sendto(b"%d" % i, server.get_extra_info("sockname"))
+        await sproto.count(first + n)
+        await asyncio.sleep(0)
+        diff = loop.statistics() - before
+        assert [d for d, _ in sproto.received[first:]] == [b"%d" % i for i in
+                                                           range(first, first + n)]
+        assert diff.datagram_read_events == events
+        assert diff.datagrams_received == n
+        assert diff.datagram_bytes_received == sum(len(b"%d" % i)
+                                                   for i in range(first, first + n))
+        return diff
+
+    async def main() -> None:
+        server, sproto = await _endpoint(loop, local_addr=(LOCAL, 0))
+        diff = await burst(server, sproto, 0)
+        if compiled(loop) and n == 33:  # the second event by recvmmsg, the first read 32
+            assert (diff.datagram_recv, diff.datagram_recv_eagain) == (33, 0)
+        else:
+            assert diff.datagram_recv == n + diff.datagram_recv_eagain
+            assert diff.datagram_recv_eagain == (0 if n == 32 else 1)
+        diff = await burst(server, sproto, n)
+        if compiled(loop):
+            # After 32 or 5 read: one recvmmsg.  33 ended on an event that
+            # read 1, so a call a datagram until that event's 32.
+            assert (diff.datagram_recv, diff.datagram_recv_eagain) == (
+                (33, 0) if n == 33 else (1, 0))
+        else:
+            assert diff.datagram_recv == n + diff.datagram_recv_eagain
+        server.close()
+        await sproto.lost
+
+    run(loop, main())
+
+
+def test_one_datagram_an_event_is_read_by_recvfrom(own_loop: asyncio_relaxed.Loop) -> None:
+    """After an event that read 3 or more, one that reads a single datagram
+    puts the compiled transport back to a system call a datagram (recvmmsg
+    costs more than recvfrom for one): the event after it reads its
+    datagram and then meets EAGAIN."""
     loop = own_loop
 
     async def main() -> None:
         server, sproto = await _endpoint(loop, local_addr=(LOCAL, 0))
-        before = loop.statistics()
-        _burst(server.get_extra_info("sockname"), n)
-        await sproto.count(n)
-        await asyncio.sleep(0)
-        diff = loop.statistics() - before
-        assert [d for d, _ in sproto.received] == [b"%d" % i for i in range(n)]
-        assert diff.datagram_read_events == events
-        assert diff.datagrams_received == n
-        assert diff.datagram_bytes_received == sum(len(b"%d" % i) for i in range(n))
-        if compiled(loop):
-            assert (diff.datagram_recv, diff.datagram_recv_eagain) == (events, 0)
-        else:
-            assert diff.datagram_recv == n + diff.datagram_recv_eagain
-            assert diff.datagram_recv_eagain == (0 if n == 32 else 1)
+        _read_by(server, "batches")
+        to = server.get_extra_info("sockname")
+        counts = []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            for i in range(3):
+                before = loop.statistics()
+                peer.sendto(b"%d" % i, to)
+                await sproto.count(i + 1)
+                diff = loop.statistics() - before
+                counts.append((diff.datagram_recv, diff.datagram_recv_eagain))
         server.close()
         await sproto.lost
+        if compiled(loop):
+            assert counts == [(1, 0), (2, 1), (2, 1)]
+        else:
+            assert counts == [(2, 1)] * 3
 
     run(loop, main())
 
@@ -516,8 +575,10 @@ class _CloseAt(Recorder):
             getattr(self.transport, self.how)()
 
 
+@pytest.mark.parametrize("read", READS)
 @pytest.mark.parametrize("how", ["close", "abort", "pause_reading"])
-def test_a_callback_ends_the_batch(dloop: asyncio.AbstractEventLoop, how: str) -> None:
+def test_a_callback_ends_the_batch(dloop: asyncio.AbstractEventLoop, how: str,
+                                   read: str) -> None:
     """close(), abort() or pause_reading() from datagram_received, at the
     3rd of 10 waiting datagrams: nothing more is delivered (after close, not
     even after connection_lost); after pause_reading, resume_reading()
@@ -525,6 +586,7 @@ def test_a_callback_ends_the_batch(dloop: asyncio.AbstractEventLoop, how: str) -
     async def main() -> None:
         server, proto = await dloop.create_datagram_endpoint(
             lambda: _CloseAt(dloop, 3, how), local_addr=(LOCAL, 0))
+        _read_by(server, read)
         before = dloop.statistics() if own(dloop) else None
         _burst(server.get_extra_info("sockname"), 10)
         await proto.count(3)
@@ -562,7 +624,9 @@ class _PauseAt(Recorder):
                 self.paused.set_result(None)
 
 
-def test_pauses_inside_a_burst_keep_its_order(dloop: asyncio.AbstractEventLoop) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_pauses_inside_a_burst_keep_its_order(dloop: asyncio.AbstractEventLoop,
+                                              read: str) -> None:
     """Reading paused at the 3rd and the 6th of 10 waiting datagrams, and
     two more sent during each pause: each resume_reading() delivers what
     waited before what came after, as stock (whose datagrams wait in the
@@ -571,6 +635,7 @@ def test_pauses_inside_a_burst_keep_its_order(dloop: asyncio.AbstractEventLoop) 
     async def main() -> None:
         server, proto = await dloop.create_datagram_endpoint(
             lambda: _PauseAt(dloop, 3, 6), local_addr=(LOCAL, 0))
+        _read_by(server, read)
         addr = server.get_extra_info("sockname")
         _burst(addr, 10)
         sent = 10
@@ -597,12 +662,15 @@ def test_pauses_inside_a_burst_keep_its_order(dloop: asyncio.AbstractEventLoop) 
     run(dloop, main())
 
 
-def test_a_close_while_paused_delivers_nothing_more(dloop: asyncio.AbstractEventLoop) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_close_while_paused_delivers_nothing_more(dloop: asyncio.AbstractEventLoop,
+                                                    read: str) -> None:
     """Paused at the 3rd of 10 waiting datagrams, then closed: connection_lost
     and none of the other 7, as on stock (whose 7 the socket's close drops)."""
     async def main() -> None:
         server, proto = await dloop.create_datagram_endpoint(
             lambda: _PauseAt(dloop, 3), local_addr=(LOCAL, 0))
+        _read_by(server, read)
         _burst(server.get_extra_info("sockname"), 10)
         await proto.paused
         server.close()
@@ -850,8 +918,9 @@ class _RaiseAt(Recorder):
             raise ZeroDivisionError("from datagram_received")
 
 
+@pytest.mark.parametrize("read", READS)
 def test_a_failing_callback_is_the_readers_error(dloop: asyncio.AbstractEventLoop,
-                                                 loop_errors: LoopErrors) -> None:
+                                                 loop_errors: LoopErrors, read: str) -> None:
     """datagram_received raising: reported as the reader's exception (stock's
     "Exception in callback ..._read_ready()"), the transport stays open and
     the datagrams after it are delivered."""
@@ -860,6 +929,7 @@ def test_a_failing_callback_is_the_readers_error(dloop: asyncio.AbstractEventLoo
     async def main() -> None:
         server, proto = await dloop.create_datagram_endpoint(
             lambda: _RaiseAt(dloop), local_addr=(LOCAL, 0))
+        _read_by(server, read)
         _burst(server.get_extra_info("sockname"), 3)
         await proto.count(3)
         assert [d for d, _ in proto.received] == [b"0", b"1", b"2"]
