@@ -1313,12 +1313,14 @@ def test_smoke_udp_workloads(name: str, tmp_path: Path) -> None:
     # The server's counters and the client's units are read at the window's
     # marks a moment apart: a little off is the edges (0.9986 seen on PyPy),
     # not a lost read.
+    recvs = ours["datagram_recv_per_unit"]
+    # A call a datagram at most, and one more an event (its EAGAIN).
+    assert recvs <= 1.05 + events
     if _compiled("relaxed-eager"):
-        # One recvmmsg() an event (two where a batch fills its 32).
-        assert 0.95 * events <= ours["datagram_recv_per_unit"] <= 2 * events
+        # A call a datagram, or one recvmmsg() an event after a burst.
+        assert recvs >= 0.95 * events
     else:
-        # Each datagram read once, plus EAGAINs.
-        assert ours["datagram_recv_per_unit"] >= 0.95
+        assert recvs >= 0.95
     if "relaxed-datagram-stock" in entry["loops"]:
         assert entry["loops"]["relaxed-datagram-stock"]["median"][
             "datagram_read_events_per_unit"] == 0
