@@ -58,7 +58,7 @@ def _ints(text: str) -> list[int]:
 
 def _size(text: str) -> int | str:
     """A size of the count tools: bytes, or the tls, starttls, streams, http,
-    life or tlslife workload."""
+    uvicorn, udp, life or tlslife workload."""
     if text in driver.NAMED:
         return text
     try:
@@ -67,7 +67,8 @@ def _size(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, {driver.TLS} "
                                          f"(1 KiB over TLS), {driver.STARTTLS} (the same "
                                          f"after start_tls), {driver.STREAMS} (1 KiB through "
-                                         f"streams), {driver.HTTP}, "
+                                         f"streams), {driver.HTTP}, {driver.UVICORN}, "
+                                         f"{driver.UDP}, "
                                          f"{driver.LIFE} (a connection's life) or "
                                          f"{driver.TLSLIFE} (a TLS connection's life)"
                                          ) from None
@@ -181,7 +182,8 @@ def parser() -> argparse.ArgumentParser:
                    help="message sizes in bytes, tls for the 1 KiB echo over TLS 1.3, "
                    "starttls for the same reached by start_tls, streams for 1 KiB "
                    "through asyncio's streams, "
-                   "http for the aiohttp workload, life and tlslife for a connection's "
+                   "http for the aiohttp workload, uvicorn for the uvicorn-json app, "
+                   "udp for a datagram echo, life and tlslife for a connection's "
                    "life, plain and over TLS (1024,102400)")
     _baseline_option(i, "count")
     i.add_argument("--jobs", type=int, default=2, help="valgrind runs at once (2)")
@@ -195,8 +197,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--size", type=_size, default=1024,
                    help="message size in bytes, tls for the 1 KiB echo over TLS 1.3, "
                    "streams for 1 KiB through asyncio's streams, "
-                   "http for the aiohttp workload, or life and tlslife for a connection's "
-                   "life, plain and over TLS (1024)")
+                   "http for the aiohttp workload, uvicorn for the uvicorn-json app, "
+                   "or life and tlslife for a connection's life, plain and over TLS (1024)")
     b.add_argument("--rounds", type=int, default=bytecodes.ROUNDS,
                    help=f"measured rounds of {driver.PAIRS} requests ({bytecodes.ROUNDS})")
     b.add_argument("--top", type=int, default=bytecodes.TOP,

@@ -1456,18 +1456,24 @@ def test_instructions_off_cpython_says_so(
 
 @pytest.mark.bench
 @pytest.mark.parametrize("loop_name", ["floor", "asyncio", "relaxed-eager", "relaxed-deferred"])
-@pytest.mark.parametrize("size", [1024, 100 * 1024, "http", "tls", "tlslife", "streams"])
+@pytest.mark.parametrize("size", [1024, 100 * 1024, "http", "uvicorn", "tls", "tlslife",
+                                  "streams"])
 def test_instructions_child_echoes_every_round(loop_name: str, size: int | str,
                                                tls_dir: Path) -> None:
     """The run valgrind counts, without valgrind: every round comes back
     (over TLS: the handshakes first, on the floor's SSLObject too; tlslife:
     every connection of every round handshakes, echoes and closes; streams:
-    every handler task ends at the clients' EOF, leaving no pending task)."""
+    every handler task ends at the clients' EOF, leaving no pending task;
+    uvicorn: every response a 200)."""
+    from benchmarks.counts import driver
 
-    if size in ("http", "tlslife") and loop_name == "floor":
+    if size in driver.NO_FLOOR and loop_name == "floor":
         pytest.skip(f"the {size} workload has no floor")
     if size == "http":
         pytest.importorskip("aiohttp")
+    if size == "uvicorn":
+        for name in driver.UVICORN_NEEDS:
+            pytest.importorskip(name)
 
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "instructions", "--child", loop_name, str(size),

@@ -531,8 +531,8 @@ def test_call_later_goes_through_a_patched_call_at() -> None:
             if type(loop) is speedups.Loop:
                 original = loop.call_at
 
-                def call_at(when: float, callback: Any, *args: Any,
-                            context: Any = None) -> Any:
+                def call_at(when: float, callback: Any, *args: Any, context: Any = None,
+                            original: Any = original) -> Any:
                     seen.append(when)
                     return original(when, callback, *args, context=context)
 

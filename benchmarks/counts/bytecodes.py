@@ -126,7 +126,7 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
         why = loops.missing(name)
         if why:
             print(f"note: {name} skipped: {why}", file=sys.stderr)
-        elif name == driver.FLOOR and size in (driver.HTTP, driver.LIFE, driver.TLSLIFE):
+        elif name == driver.FLOOR and size in driver.NO_FLOOR:
             print(f"note: {name} skipped: the {size} workload has no floor", file=sys.stderr)
         elif loops.SPECS[name].kind not in ("asyncio", "relaxed", "floor"):
             print(f"note: {name} skipped: its loop is compiled code, which executes "
@@ -146,7 +146,8 @@ def run(loop_names: Sequence[str], size: int | str, *, rounds: int, top: int,
               "in the loop", file=sys.stderr, flush=True)
     (head, body), (fn_head, fn_body) = count_tables(result, top)
     line = "python -m benchmarks " + " ".join(command[1:])
-    label = {driver.HTTP: "aiohttp hello", driver.TLS: "1 KiB echo over TLS 1.3",
+    label = {driver.HTTP: "aiohttp hello", driver.UVICORN: "uvicorn + Starlette JSON",
+             driver.TLS: "1 KiB echo over TLS 1.3",
              driver.STARTTLS: "1 KiB echo over TLS 1.3 reached by start_tls",
              driver.STREAMS: "1 KiB echo through asyncio's streams",
              driver.LIFE: "a connection's life (connect, 1 KiB echo, close)",

@@ -64,6 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.harness import checkout, loops, tls
+from benchmarks.workloads.catalog import ITEM
 
 PAIRS = 10
 WARMUP_ROUNDS = 100
@@ -74,6 +75,7 @@ TLSLIFE_WARMUP_ROUNDS = 10
 #: The size tokens of the aiohttp workload, of the 1 KiB echo over TLS and
 #: of a connection's life.
 HTTP = "http"
+UVICORN = "uvicorn"
 TLS = "tls"
 STARTTLS = "starttls"
 LIFE = "life"
@@ -82,9 +84,11 @@ STREAMS = "streams"
 UDP = "udp"
 #: The workloads named, not sized in bytes, the echoes over TLS, and every
 #: workload that needs the TLS certificates.
-NAMED = (HTTP, TLS, STARTTLS, LIFE, TLSLIFE, STREAMS, UDP)
+NAMED = (HTTP, UVICORN, TLS, STARTTLS, LIFE, TLSLIFE, STREAMS, UDP)
 OVER_TLS = (TLS, STARTTLS)
 NEEDS_CERTIFICATES = (*OVER_TLS, TLSLIFE)
+#: The workloads without a floor: no minimal aiohttp, uvicorn or accept loop.
+NO_FLOOR = (HTTP, UVICORN, LIFE, TLSLIFE)
 LIFE_SIZE = 1024
 TLS_SIZE = 1024
 STREAMS_SIZE = 1024
@@ -94,6 +98,12 @@ UDP_SIZE = 1024
 #: overhead, under the default 208 KiB), so loopback drops none.
 UDP_BURST = 4
 HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
+#: What the uvicorn workload imports.
+UVICORN_NEEDS = ("uvicorn", "starlette", "httptools")
+#: The uvicorn-json workloads' request.
+UVICORN_REQUEST = (b"POST /items/42 HTTP/1.1\r\nHost: localhost\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                   % (len(ITEM), ITEM.encode()))
 FLOOR = "floor"
 #: The loops' functions of the floors (module:qualname), for the counts' groups.
 FLOOR_FUNCTIONS = ("driver:floor", "driver:floor_tls")
@@ -363,10 +373,10 @@ def _connect_accepted_socket(loop_name: str, loop: asyncio.AbstractEventLoop) ->
 
 
 def http_child(loop_name: str, rounds: int,
-               on_round: Callable[[int], None] | None = None) -> None:
-    """The aiohttp run: ``PAIRS`` keep-alive clients, one GET each per round."""
-    from aiohttp import web
-
+               on_round: Callable[[int], None] | None = None, app: str = HTTP) -> None:
+    """An HTTP server on the loop and ``PAIRS`` keep-alive clients, one
+    request each per round: aiohttp's hello (*app* HTTP) or the uvicorn
+    workloads' Starlette JSON endpoint (UVICORN)."""
     on_round = on_round or _no_hook
     print(json.dumps({"relaxed": checkout.relaxed_package()}), flush=True)
     loop = loops.factory(loop_name)()
@@ -374,22 +384,25 @@ def http_child(loop_name: str, rounds: int,
     clients: list[socket.socket] = []
     missing = [0] * PAIRS  # responses not yet read, per client
     state = {"rounds": WARMUP_ROUNDS + rounds, "served": 0}
+    request = HTTP_REQUEST if app == HTTP else UVICORN_REQUEST
 
     def send_round() -> None:
         state["rounds"] -= 1
         on_round(state["rounds"])
         for i, client in enumerate(clients):
-            client.sendall(HTTP_REQUEST)
+            client.sendall(request)
             missing[i] += 1
 
     def receive() -> bool:
-        # A 0-byte response is its head: one blank line ends each.
+        # A response's head ends with the one blank line in it.
         for i, client in enumerate(clients):
             while missing[i]:
                 try:
                     data = client.recv(65536)
                 except BlockingIOError:
                     return False
+                if data.count(b"HTTP/1.1 ") != data.count(b"HTTP/1.1 200 "):
+                    raise RuntimeError(f"a response other than 200 OK: {data!r}")
                 missing[i] -= data.count(b"\r\n\r\n")
         return True
 
@@ -402,20 +415,13 @@ def http_child(loop_name: str, rounds: int,
             on_round(-1)
             finished.set_result(None)
 
-    async def hello(request: web.Request) -> web.Response:
+    def served() -> None:
         state["served"] += 1
         if state["served"] % PAIRS == 0:
             loop.call_soon(next_round)
-        return web.Response(body=b"")
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/", hello)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port, stop = await (_aiohttp_hello if app == HTTP else _uvicorn_json)(served)
         for _ in range(PAIRS):
             client = socket.create_connection(("127.0.0.1", port))
             client.setblocking(False)
@@ -424,10 +430,61 @@ def http_child(loop_name: str, rounds: int,
         await finished
         for client in clients:
             client.close()
-        await runner.cleanup()
+        await stop()
 
     loop.run_until_complete(main())
     loop.close()
+
+
+async def _aiohttp_hello(served: Callable[[], None]) -> tuple[int, Any]:
+    """aiohttp's ``GET /`` answering 0 bytes: its port, and the coroutine
+    function that stops it."""
+    from aiohttp import web
+
+    async def hello(request: web.Request) -> web.Response:
+        served()
+        return web.Response(body=b"")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return site._server.sockets[0].getsockname()[1], runner.cleanup  # type: ignore[union-attr]
+
+
+async def _uvicorn_json(served: Callable[[], None]) -> tuple[int, Any]:
+    """uvicorn (httptools) serving the uvicorn-json workload's Starlette app
+    (benchmarks.workloads.apps.json_app), each request counted once its
+    response is sent: its port, and the coroutine function that stops it."""
+    import uvicorn
+
+    from benchmarks.workloads import apps
+
+    async def started(loop: asyncio.AbstractEventLoop) -> None:
+        """(the lifespan's hook: lifespan is off here)"""
+
+    app = apps.json_app(started)
+
+    async def counted(scope: Any, receive: Any, send: Any) -> None:
+        await app(scope, receive, send)
+        served()
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(PAIRS)
+    server = uvicorn.Server(uvicorn.Config(counted, http="httptools", lifespan="off",
+                                           access_log=False, log_level="warning"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.001)
+
+    async def stop() -> None:
+        server.should_exit = True
+        await task
+
+    return sock.getsockname()[1], stop
 
 
 class _LifeEcho(asyncio.Protocol):
@@ -712,10 +769,10 @@ def warmup_rounds(size: int | str) -> int:
 
 def run(loop_name: str, size: int | str, rounds: int,
         on_round: Callable[[int], None] | None = None) -> None:
-    """The workload of *size* (bytes, TLS, STARTTLS, HTTP, LIFE, TLSLIFE or UDP)
-    on *loop_name*."""
-    if size == HTTP:
-        http_child(loop_name, rounds, on_round)
+    """The workload of *size* (bytes, TLS, STARTTLS, HTTP, UVICORN, LIFE,
+    TLSLIFE or UDP) on *loop_name*."""
+    if size in (HTTP, UVICORN):
+        http_child(loop_name, rounds, on_round, size)
     elif size == LIFE:
         life_child(loop_name, rounds, on_round)
     elif size == TLSLIFE:

@@ -30,6 +30,12 @@ back).  It has no floor row (there is no minimal aiohttp): read it against
 stock and uvloop, where aiohttp's own Python code is the same for every
 loop and the difference is the loop's share.
 
+The ``uvicorn`` column (``--sizes ...,uvicorn``) is the same with uvicorn
+(httptools) serving the ``uvicorn-json`` workloads' Starlette app: ``POST
+/items/42`` with a 74 B JSON body, checked and answered in JSON.  No floor
+row either: uvicorn's, Starlette's and the app's Python is the same on every
+loop, so a difference between rows is the loop's share.
+
 The ``life`` column (``--sizes ...,life``) is a connection's life, per
 connection: connect, a 1 KiB echo, close (benchmarks.counts.driver), with
 the accept, the transport's making and its end in it.  Like ``http`` it has
@@ -66,7 +72,7 @@ own Python code shows.
 Run::
 
     python -m benchmarks instructions [--loops asyncio,uvloop,relaxed-eager]
-        [--sizes 1024,102400,http,tls,udp,life,tlslife] [--baseline DIR]
+        [--sizes 1024,102400,http,uvicorn,tls,udp,life,tlslife] [--baseline DIR]
 
 valgrind is a Debian package (``apt-get install valgrind``); without it the
 command says so and exits, as it does on any Python but CPython (see run()).
@@ -90,11 +96,13 @@ from benchmarks.counts.driver import (
     FLOOR,
     HTTP,
     LIFE,
+    NO_FLOOR,
     PAIRS,
     TLS,
     TLSLIFE,
     UDP,
     UDP_BURST,
+    UVICORN,
     WARMUP_ROUNDS,
 )
 from benchmarks.harness import checkout, loops, processes, results, tables, tls
@@ -110,8 +118,6 @@ DEFAULT_SIZES = (1024, 100 * 1024)
 SIZE_ROUNDS: dict[int | str, tuple[int, int]] = {TLSLIFE: (10, 60)}
 #: What a round is made of where it is not one request per pair.
 REQUESTS_PER_ROUND: dict[int | str, int] = {UDP: PAIRS * UDP_BURST}
-#: The sizes without a floor row.
-NO_FLOOR = (HTTP, LIFE, TLSLIFE)
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
@@ -154,7 +160,7 @@ def rounds_of(size: int | str) -> tuple[int, int]:
 def measure(loop_names: Sequence[str], sizes: Sequence[int | str], jobs: int,
             progress: Callable[[str], None]) -> dict[str, dict[str, float]]:
     """{loop: {size: instructions per request}}, the floor included (not for
-    http and life, which have none)."""
+    http, uvicorn and the lives, which have none)."""
     tasks = [(name, size, rounds) for name in (FLOOR, *loop_names) for size in sizes
              for rounds in rounds_of(size)
              if not (name == FLOOR and size in NO_FLOOR)]
@@ -186,6 +192,9 @@ def table(result: dict[str, dict[str, float]],
     for size in sizes:
         if size == HTTP:
             head += ["aiohttp hello: instr/req", "vs asyncio"]
+            continue
+        if size == UVICORN:
+            head += ["uvicorn JSON: instr/req", "vs asyncio"]
             continue
         if size == LIFE:
             head += ["a connection's life: instr/conn", "vs asyncio"]
@@ -260,9 +269,12 @@ def run(loop_names: Sequence[str], sizes: Sequence[int | str], *, baseline: Path
               f"{sys.implementation.name}'s JIT; nothing counted", file=sys.stderr)
         return 2
     sizes = list(sizes)
-    if HTTP in sizes and importlib.util.find_spec("aiohttp") is None:
-        print("note: the http workload skipped: aiohttp is not installed", file=sys.stderr)
-        sizes.remove(HTTP)
+    for size, needs in ((HTTP, ("aiohttp",)), (UVICORN, driver.UVICORN_NEEDS)):
+        absent = [name for name in needs if importlib.util.find_spec(name) is None]
+        if size in sizes and absent:
+            print(f"note: the {size} workload skipped: {', '.join(absent)} not installed",
+                  file=sys.stderr)
+            sizes.remove(size)
     over_tls = [size for size in sizes if size in driver.NEEDS_CERTIFICATES]
     if over_tls:
         why = tls.missing()
