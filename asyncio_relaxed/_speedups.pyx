@@ -925,7 +925,7 @@ cdef object register_reader(object loop, object fd, object callback, object cont
 # schedules and cancels a keep-alive timer per request.  Any other pair
 # of items is compared by `<`, as heapq compares them.
 
-cdef object TIMER_METHODS = None  # ClassWatch(TimerHandle, __init__, __lt__, cancel)
+cdef object TIMER_METHODS = None  # ClassWatch(TimerHandle, __init__, __lt__)
 
 
 cdef inline bint timers_stock():

@@ -185,9 +185,9 @@ cdef bint is_last_address(object addr, int family):
 
 # recvmmsg() costs more than recvfrom() when there is one datagram to read:
 # on this project's machine (a VM, Linux 6.x) one datagram and the EAGAIN
-# after it took 1,100 ns by two recvfrom() and 1,300 ns by one recvmmsg();
-# two were even, and from four on recvmmsg() was 10-20 % cheaper a datagram
-# (docs/benchmarks.md, "Datagrams").  So an event reads by recvmmsg() where
+# after it took 1,170 ns by two recvfrom() and 1,310 ns by one recvmmsg();
+# two were even, and from four on recvmmsg() was 8-28 % cheaper a datagram
+# (benchmarks/probes/recvmmsg.c; docs/benchmarks.md, "recvmmsg").  So an event reads by recvmmsg() where
 # the transport's last event read MMSG_FROM or more, else one recvfrom() a
 # datagram: a DNS-like server (a datagram an event) keeps the cheaper call,
 # a burst (QUIC) the batch.

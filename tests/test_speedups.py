@@ -543,3 +543,20 @@ def test_call_later_goes_through_a_patched_call_at() -> None:
             handle.cancel()
         finally:
             loop.close()
+
+
+def test_a_replaced_timer_order_is_the_heaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TimerHandle.__lt__ replaced (here: latest first) orders the heap, as
+    on stock: the compiled heap compares on _when only while it is stock's."""
+    monkeypatch.setattr(asyncio.TimerHandle, "__lt__",
+                        lambda self, other: self._when > other._when)
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        assert type(loop) is speedups.Loop
+        now = loop.time()
+        handles = [loop.call_at(now + delay, print) for delay in (30, 10, 20, 50, 40)]
+        assert loop._scheduled[0] is handles[3]
+        for handle in handles:
+            handle.cancel()
+    finally:
+        loop.close()
