@@ -872,10 +872,10 @@ cdef object set_callback(LoopCore core, object self, object fd, int which, objec
     return handle
 
 
-cdef inline object new_handle(object loop, object callback, object args, object context):
-    """events.Handle(callback, args, loop, context) outside debug mode, its
-    slots set as Handle.__init__ sets them (_compat.new_handle's)."""
-    handle = AR_NEW(Handle)
+cdef inline object init_handle(object handle, object loop, object callback, object args,
+                               object context):
+    """*handle* (a new Handle or TimerHandle) with Handle's slots set as
+    Handle.__init__ sets them outside debug mode."""
     ar_set(handle, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
     ar_set(handle, H_LOOP, loop)
     ar_set(handle, H_CALLBACK, callback)
@@ -884,6 +884,12 @@ cdef inline object new_handle(object loop, object callback, object args, object 
     ar_set(handle, H_REPR, None)
     ar_set(handle, H_SOURCE_TRACEBACK, None)
     return handle
+
+
+cdef inline object new_handle(object loop, object callback, object args, object context):
+    """events.Handle(callback, args, loop, context) outside debug mode, its
+    slots set as Handle.__init__ sets them (_compat.new_handle's)."""
+    return init_handle(AR_NEW(Handle), loop, callback, args, context)
 
 
 cdef object call_soon(LoopCore core, object self, object callback, tuple args, object context):
@@ -1015,14 +1021,7 @@ cdef object schedule_timer(object loop, object when, object callback, tuple args
     the loop are checked: events.TimerHandle(when, callback, args, loop,
     context) with its slots set as its __init__ sets them, pushed on the
     heap, then marked scheduled."""
-    timer = AR_NEW(TimerHandle)
-    ar_set(timer, H_CONTEXT, PyContext_CopyCurrent() if context is None else context)
-    ar_set(timer, H_LOOP, loop)
-    ar_set(timer, H_CALLBACK, callback)
-    ar_set(timer, H_ARGS, args)
-    ar_set(timer, H_CANCELLED, False)
-    ar_set(timer, H_REPR, None)
-    ar_set(timer, H_SOURCE_TRACEBACK, None)
+    timer = init_handle(AR_NEW(TimerHandle), loop, callback, args, context)
     ar_set(timer, TH_WHEN, when)
     ar_set(timer, TH_SCHEDULED, False)
     heap_push(loop._scheduled, timer)

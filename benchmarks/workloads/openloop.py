@@ -117,6 +117,7 @@ import resource
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -124,7 +125,12 @@ from benchmarks.harness import loops, maths
 from benchmarks.workloads.client import _tls_options
 
 try:
-    from hdrh.histogram import HdrHistogram
+    with warnings.catch_warnings():
+        # hdrh's codec declares a packed ctypes Structure without _layout_,
+        # which Python 3.14+ warns of at import (DeprecationWarning): the
+        # histogram does not use the codec.
+        warnings.filterwarnings("ignore", "Due to '_pack_'", DeprecationWarning)
+        from hdrh.histogram import HdrHistogram
 except ImportError:  # the bench extra leaves it out where it has no wheel
     HdrHistogram = None
 
