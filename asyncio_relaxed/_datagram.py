@@ -144,8 +144,7 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
     def _start_reading(self) -> None:
         if not self._closing and not self._paused:
             self._watch_read(self._read_ready)
-            if self._held:  # (see the module docstring: no event may come for them)
-                self._loop.call_soon(self._read_ready, context=self._context)
+            self._schedule_held()
 
     def get_write_buffer_size(self) -> int:
         return self._buffer_size
@@ -223,9 +222,15 @@ class DatagramTransport(TransportBase, asyncio.DatagramTransport):
                 if self._closing or self._paused:
                     return False
         finally:
-            if held and not self._paused and not self._closing:
-                self._loop.call_soon(self._read_ready, context=self._context)
+            self._schedule_held()
         return True
+
+    def _schedule_held(self) -> None:
+        """A turn for the held datagrams, where no readiness event may come
+        for them (see the module docstring), unless reading is paused or
+        the transport closing."""
+        if self._held and not self._paused and not self._closing:
+            self._loop.call_soon(self._read_ready, context=self._context)
 
     # -- writing ----------------------------------------------------------
 

@@ -187,11 +187,25 @@ cdef bint is_last_address(object addr, int family):
 # on this project's machine (a VM, Linux 6.x) one datagram and the EAGAIN
 # after it took 1,170 ns by two recvfrom() and 1,310 ns by one recvmmsg();
 # two were even, and from four on recvmmsg() was 8-28 % cheaper a datagram
-# (benchmarks/probes/recvmmsg.c; docs/benchmarks.md, "recvmmsg").  So an event reads by recvmmsg() where
-# the transport's last event read MMSG_FROM or more, else one recvfrom() a
-# datagram: a DNS-like server (a datagram an event) keeps the cheaper call,
-# a burst (QUIC) the batch.
+# (benchmarks/probes/recvmmsg.c; docs/benchmarks.md, "recvmmsg").  So an
+# event reads by recvmmsg() where the transport's last event read MMSG_FROM
+# or more, else one recvfrom() a datagram: a DNS-like server (a datagram an
+# event) keeps the cheaper call, a burst (QUIC) the batch.
 cdef Py_ssize_t MMSG_FROM = 3
+
+
+cdef int read_failed(object self, Counters stats) except -1:
+    """A read that failed with errno: EAGAIN ends the batch, any other
+    OSError goes to error_received (once per event, as on stock)."""
+    if would_block(errno):
+        stats.datagram_recv_eagain += 1
+        return 0
+    try:
+        raise_errno()
+    except OSError as exc:  # (raised: its traceback as the socket's would be)
+        stats.datagram_errors += 1
+        (get(self, D_PROTOCOL)).error_received(exc)
+    return 0
 
 
 cdef int read_each(object self, Counters stats, int fd, int family, object peer) except -1:
@@ -212,15 +226,7 @@ cdef int read_each(object self, Counters stats, int fd, int family, object peer)
             else:
                 n = c_recv(fd, read_buffer, UDP_MAX, 0)
             if n < 0:
-                if would_block(errno):
-                    stats.datagram_recv_eagain += 1
-                    return 0
-                try:
-                    raise_errno()
-                except OSError as exc:  # (raised: its traceback as the socket's would be)
-                    stats.datagram_errors += 1
-                    (get(self, D_PROTOCOL)).error_received(exc)
-                return 0
+                return read_failed(self, stats)
             data = PyBytes_FromStringAndSize(read_buffer, n)
             if peer is None:
                 addr = ar_ip_address(&sa, salen)
@@ -256,15 +262,7 @@ cdef int read_batches(object self, Counters stats, int fd, int family,
             stats.datagram_recv += 1
             n = ar_recvmmsg(fd, &mmsg, read_buffer, UDP_MAX, want, peer is None)
             if n < 0:
-                if would_block(errno):
-                    stats.datagram_recv_eagain += 1
-                    return 0
-                try:
-                    raise_errno()
-                except OSError as exc:  # (raised: its traceback as the socket's would be)
-                    stats.datagram_errors += 1
-                    (get(self, D_PROTOCOL)).error_received(exc)
-                return 0
+                return read_failed(self, stats)
             total += n
             # Every datagram out of the shared buffer before any callback runs.
             got = [None] * (2 * n)
@@ -303,8 +301,7 @@ cdef int read_batches(object self, Counters stats, int fd, int family,
                     held = get(self, D_HELD)
                     for j in range(i, n):
                         held.append((got[2 * j], got[2 * j + 1]))
-                    if not get(self, D_PAUSED):
-                        self._loop.call_soon(self._read_ready, context=self._context)
+                    self._schedule_held()
             if n < want:
                 return 0  # the socket ran dry
             left -= n
