@@ -198,15 +198,21 @@ class DeferredSelector(selectors.BaseSelector):
     :meth:`ready_readers` (or :meth:`ready`), which make no keys.
     """
 
-    #: Names of this selector's methods replaced on the instance (a wrapped
-    #: select(): time freezers, I/O meters), and of the driving loop's (its
-    #: _process_events, entered by the loop): while any is, the loop polls
-    #: through select() as stock does (asyncio_relaxed._loop).
-    replaced: frozenset[str] = frozenset()
-    #: Names of any of this class's methods replaced on the instance (tests
-    #: count the calls of one): the compiled loop (asyncio_relaxed._speedups),
-    #: which runs the bodies of a few of them itself, then calls them all.
-    patched: frozenset[str] = frozenset()
+    # Slots: the compiled loop (asyncio_relaxed._speedups) reads these by
+    # offset.  BaseSelector gives instances a __dict__ for anything else.
+    __slots__ = ("_always_ready", "_backend", "_closed", "_data", "_epoll", "_fileobjs",
+                 "_map", "_state", "_table", "on_error", "patched", "replaced", "stats")
+
+    #: ``replaced``: names of this selector's methods replaced on the
+    #: instance (a wrapped select(): time freezers, I/O meters), and of the
+    #: driving loop's (its _process_events, entered by the loop): while any
+    #: is, the loop polls through select() as stock does
+    #: (asyncio_relaxed._loop).  ``patched``: names of any of this class's
+    #: methods replaced on the instance (tests count the calls of one): the
+    #: compiled loop, which runs the bodies of a few of them itself, then
+    #: calls them all.
+    replaced: frozenset[str]
+    patched: frozenset[str]
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _SELECTOR_METHODS:
@@ -228,6 +234,8 @@ class DeferredSelector(selectors.BaseSelector):
         *,
         stats: Counters | None = None,
     ) -> None:
+        object.__setattr__(self, "replaced", frozenset())
+        object.__setattr__(self, "patched", frozenset())
         if backend is None:
             backend = default_backend()
         elif isinstance(backend, selectors.BaseSelector):

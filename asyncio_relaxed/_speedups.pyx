@@ -41,6 +41,7 @@ include "_speedups_capi.pxi"
 
 import asyncio
 import heapq
+import select
 import sys
 import socket as _socket_module
 from time import monotonic
@@ -50,8 +51,8 @@ import weakref
 from cpython.object cimport PyObject_RichCompareBool, Py_LT
 from cpython.float cimport PyFloat_AS_DOUBLE
 
-from . import (_accept, _basetransport, _compat, _interest, _loop, _poller, _serving, _shared,
-               _sockets, _stats, _transport, _writes)
+from . import (_accept, _basetransport, _compat, _health, _interest, _loop, _poller, _serving,
+               _shared, _sockets, _stats, _transport, _writes)
 
 # The pure classes: the reference, and the bases of this module's classes.
 _PyLoop = _loop.Loop
@@ -65,6 +66,7 @@ cdef object TimerHandle = _compat.TimerHandle
 cdef object STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
 cdef object STOCK_PROCESS_EVENTS = _compat.STOCK_PROCESS_EVENTS
 cdef object DeferredSelector = _poller.DeferredSelector
+cdef object InterestTable = _interest.InterestTable
 cdef object POLLER_SELECT = DeferredSelector.select
 cdef object events_module = _compat.events
 cdef object futures_module = _compat.futures
@@ -119,6 +121,26 @@ cdef Py_ssize_t H_SOURCE_TRACEBACK = slot(Handle, "_source_traceback")
 # TimerHandle's own (the same from 3.11 to 3.15).
 cdef Py_ssize_t TH_WHEN = slot(TimerHandle, "_when")
 cdef Py_ssize_t TH_SCHEDULED = slot(TimerHandle, "_scheduled")
+# The poller's (DeferredSelector's and its InterestTable's), read where the
+# poller is exactly a DeferredSelector (own_poller) and its table exactly an
+# InterestTable (poller_table).
+cdef Py_ssize_t P_ALWAYS_READY = slot(DeferredSelector, "_always_ready")
+cdef Py_ssize_t P_DATA = slot(DeferredSelector, "_data")
+cdef Py_ssize_t P_EPOLL = slot(DeferredSelector, "_epoll")
+cdef Py_ssize_t P_FILEOBJS = slot(DeferredSelector, "_fileobjs")
+cdef Py_ssize_t P_ON_ERROR = slot(DeferredSelector, "on_error")
+cdef Py_ssize_t P_PATCHED = slot(DeferredSelector, "patched")
+cdef Py_ssize_t P_REPLACED = slot(DeferredSelector, "replaced")
+cdef Py_ssize_t P_STATE = slot(DeferredSelector, "_state")
+cdef Py_ssize_t P_STATS = slot(DeferredSelector, "stats")
+cdef Py_ssize_t P_TABLE = slot(DeferredSelector, "_table")
+cdef Py_ssize_t I_DATA = slot(InterestTable, "data")
+cdef Py_ssize_t I_DIRTY = slot(InterestTable, "dirty")
+cdef Py_ssize_t I_STATES = slot(InterestTable, "states")
+# The loop's time account's (_health.Health).
+cdef object Health = _health.Health
+cdef Py_ssize_t HE_TIMED = slot(Health, "timed")
+cdef Py_ssize_t HE_SLOW = slot(Health, "slow")
 # The socket transport's.
 cdef Py_ssize_t T_BUFFER = slot(_PySocketTransport, "_buffer")
 cdef Py_ssize_t T_BUFFER_SIZE = slot(_PySocketTransport, "_buffer_size")
@@ -180,6 +202,41 @@ def _check_socket_layout():
 
 
 _check_socket_layout()
+
+
+cdef object EPOLL_TYPE = getattr(select, "epoll", None)
+
+
+def _check_epoll_layout():
+    """AR_EPOLL_FD reads an epoll object's descriptor where this Python
+    keeps it, and -1 once it is closed (the module refuses to load
+    otherwise)."""
+    if EPOLL_TYPE is None:
+        return
+    epoll = EPOLL_TYPE()
+    try:
+        if AR_EPOLL_FD(epoll) != epoll.fileno():
+            raise ImportError("asyncio_relaxed._speedups: select.epoll's C layout is not "
+                              "the one this module was written for")
+    finally:
+        epoll.close()
+    if AR_EPOLL_FD(epoll) != -1:
+        raise ImportError("asyncio_relaxed._speedups: select.epoll's C layout is not "
+                          "the one this module was written for")
+
+
+_check_epoll_layout()
+
+
+cdef inline int epoll_fd(object epoll) except? -1:
+    """The descriptor of *epoll*: read from a select.epoll's struct, else
+    by fileno() (a subclass's, or a closed epoll's ValueError)."""
+    cdef int fd
+    if type(epoll) is EPOLL_TYPE:
+        fd = AR_EPOLL_FD(epoll)
+        if fd >= 0:
+            return fd
+    return epoll.fileno()
 
 # socket.socket's recv, send and sendmsg (and recvfrom and sendto, for
 # datagrams) are the C socket's own, and the compiled transports call them
@@ -271,6 +328,8 @@ cdef class LoopCore:
     A read of one is then a load, not a lookup in the instance dict."""
 
     cdef object ready          # _ready (stock never rebinds it)
+    cdef object ready_append   # its append and popleft, bound
+    cdef object ready_popleft
     cdef object selector       # _selector
     cdef object shared         # _shared
     cdef object health         # _health
@@ -308,6 +367,8 @@ cdef int mirror(LoopCore core, str name, object value) except -1:
         core.stopping = value
     elif name == "_ready":
         core.ready = value
+        core.ready_append = getattr(value, "append", None)
+        core.ready_popleft = getattr(value, "popleft", None)
     elif name == "_selector":
         core.selector = value
     elif name == "_shared":
@@ -326,6 +387,10 @@ cdef Py_ssize_t LOOP_CORE  # the compiled Loop's _core slot (set once the class 
 #: direct_loop()), and the watch on its class (set once it exists).
 cdef frozenset LOOP_METHOD_NAMES = frozenset({"call_soon", "_set_callback"})
 cdef object LOOP_METHODS = None
+#: The watch on the compiled Loop's _process_events, and whether it was
+#: stock's when the watch was made (set once the class exists).
+cdef object LOOP_EVENTS = None
+cdef bint LOOP_EVENTS_STOCK = False
 
 
 cdef inline LoopCore direct_loop(object loop):
@@ -360,6 +425,53 @@ cdef object CLoop_type = object  # the compiled Loop (set once the class exists)
 # -- the socket transport -------------------------------------------------------
 
 include "_speedups_life.pxi"
+
+
+# -- the poller ------------------------------------------------------------------
+
+#: DeferredSelector's methods the compiled code runs the bodies of, or whose
+#: identity decides the loop's route (select).
+cdef ClassWatch POLLER_METHODS = ClassWatch(DeferredSelector, (
+    "select", "ready_readers", "own", "release_reader", "set_callback"))
+
+
+cdef inline bint own_poller(object poller):
+    """*poller* is exactly a DeferredSelector, none of its methods replaced
+    on the instance or the class: the compiled code may read its slots and
+    run those methods' bodies itself."""
+    return (type(poller) is DeferredSelector and not get(poller, P_PATCHED)
+            and not get(poller, P_REPLACED) and POLLER_METHODS.unchanged())
+
+
+cdef inline object poller_table(object poller):
+    """The InterestTable of an own_poller() poller, or None if its _table
+    is anything else."""
+    table = get(poller, P_TABLE)
+    return table if type(table) is InterestTable else None
+
+
+#: Handle's and TimerHandle's _run, watched, and whether each was stock's
+#: when its watch was made.
+cdef ClassWatch HANDLE_RUN = ClassWatch(Handle, ("_run",))
+cdef bint HANDLE_RUN_STOCK = Handle._run is STOCK_HANDLE_RUN
+cdef ClassWatch TIMER_RUN = ClassWatch(TimerHandle, ("_run",))
+cdef bint TIMER_RUN_STOCK = TimerHandle._run is STOCK_HANDLE_RUN
+
+
+cdef inline bint stock_run(ClassWatch watch, bint stock_when_made) except -1:
+    """The watched class's _run is stock's Handle._run: known while the
+    class is unchanged, else looked up."""
+    if watch.unchanged():
+        return stock_when_made
+    return watch.cls._run is STOCK_HANDLE_RUN
+
+
+cdef inline bint polls_by_select(object selector):
+    """type(selector).select is DeferredSelector.select: by the class's
+    watch where it is exactly a DeferredSelector."""
+    if type(selector) is DeferredSelector and POLLER_METHODS.unchanged():
+        return True
+    return type(selector).select is POLLER_SELECT
 
 
 class SocketTransport(_PySocketTransport):
@@ -757,20 +869,20 @@ class TransportShared(_PyTransportShared):
 
 # -- the loop ------------------------------------------------------------------
 
-cdef object wait_readers(LoopCore core, object selector, object timeout, Counters stats,
-                         object ready):
+cdef object wait_readers(LoopCore core, object selector, object timeout, Counters stats):
     """DeferredSelector.ready_readers, compiled: the wait in epoll_wait
     into the loop's C array (its own: loops in other threads wait at the
     same time, without the GIL), then each event that is input alone on a
-    COMMON fd appends its reader to *ready*; the other events are returned
-    as (fd, data, mask) through the poller's own _cut (None: interrupted)."""
+    COMMON fd appends its reader to the loop's ready queue; the other
+    events are returned as (fd, data, mask) through the poller's own _cut
+    (None: interrupted)."""
     cdef int ms, n, i, fd, maxevents, epfd, delivered
     cdef epoll_event *events
     cdef unsigned int kmask
     cdef double seconds
-    cdef dict datas = selector._data
-    cdef dict states = selector._state
-    if selector._table.dirty:
+    cdef dict datas = <dict?>get(selector, P_DATA)
+    cdef dict states = <dict?>get(selector, P_STATE)
+    if get(get(selector, P_TABLE), I_DIRTY):
         selector.flush()
     if timeout is None:
         ms = -1
@@ -793,7 +905,7 @@ cdef object wait_readers(LoopCore core, object selector, object timeout, Counter
         core.events = memory
         core.capacity = maxevents
     events = core.events
-    epfd = selector._epoll.fileno()
+    epfd = epoll_fd(get(selector, P_EPOLL))
     if ms == 0:
         n = epoll_wait(epfd, events, maxevents, 0)
     else:
@@ -813,7 +925,7 @@ cdef object wait_readers(LoopCore core, object selector, object timeout, Counter
         if kmask == EPOLLIN and fd not in states:
             data = datas.get(fd)
             if type(data) is tuple:  # (a COMMON fd's data is its (reader, None))
-                ready.append((<tuple>data)[0])
+                core.ready_append((<tuple>data)[0])
                 continue
         if not selector._cut(fd, kernel_to_mask(kmask), rest.append):
             delivered -= 1
@@ -824,10 +936,34 @@ cdef object wait_readers(LoopCore core, object selector, object timeout, Counter
 cdef inline bint own_route(object loop, object selector):
     """The loop polls through its own poller, by epoll: the pure
     _run_once's condition for ready_readers, and an epoll backend with no
-    always-ready fd (those take the pure ready_readers)."""
-    return (type(selector) is DeferredSelector and not selector.replaced
-            and type(loop)._process_events is STOCK_PROCESS_EVENTS
-            and selector._epoll is not None and not selector._always_ready)
+    always-ready fd (those take the pure ready_readers); its fields read
+    only on an own_poller() poller with an InterestTable, which
+    wait_readers needs."""
+    return (own_poller(selector) and poller_table(selector) is not None
+            and stock_process_events(loop)
+            and get(selector, P_EPOLL) is not None and not get(selector, P_ALWAYS_READY))
+
+
+cdef inline bint health_timed(object health) except -1:
+    """health.timed (the time_metrics setting), by offset in a Health."""
+    if type(health) is Health:
+        return get(health, HE_TIMED)
+    return health.timed
+
+
+cdef inline bint health_slow(object health) except -1:
+    """Whether health.slow (the slow_callback setting) is on."""
+    if type(health) is Health:
+        return get(health, HE_SLOW)
+    return health.slow
+
+
+cdef inline bint stock_process_events(object loop):
+    """type(loop)._process_events is stock's: by the class's watch where
+    *loop* is exactly the compiled Loop."""
+    if type(loop) is CLoop_type and (<ClassWatch>LOOP_EVENTS).unchanged():
+        return LOOP_EVENTS_STOCK
+    return type(loop)._process_events is STOCK_PROCESS_EVENTS
 
 
 cdef object set_callback(LoopCore core, object self, object fd, int which, object callback,
@@ -839,7 +975,7 @@ cdef object set_callback(LoopCore core, object self, object fd, int which, objec
     cdef int epfd
     cdef epoll_event event
     selector = core.selector
-    if type(selector) is not DeferredSelector or selector.replaced or selector.patched:
+    if not own_poller(selector):
         return _PyLoop._set_callback(self, fd, which, callback, args, context)
     if core.closed:
         raise RuntimeError("Event loop is closed")
@@ -847,18 +983,20 @@ cdef object set_callback(LoopCore core, object self, object fd, int which, objec
         handle = events_module.Handle(callback, args, self, context)
     else:
         handle = new_handle(self, callback, args, context)
-    if not which and type(fd) is int and fd >= 0 and selector._epoll is not None:
-        table = selector._table
-        states = <dict?>table.states
-        if states.get(fd) == OWNED and fd not in <dict?>table.data:
+    table = poller_table(selector)
+    epoll = get(selector, P_EPOLL)
+    if not which and type(fd) is int and fd >= 0 and epoll is not None and table is not None:
+        states = <dict?>get(table, I_STATES)
+        datas = <dict?>get(table, I_DATA)
+        if states.get(fd) == OWNED and fd not in datas:
             # InterestTable.start_common, then the ADD (DeferredSelector.set_callback).
             del states[fd]
-            (<dict>table.data)[fd] = (handle, None)
-            (<Counters?>selector.stats).epoll_ctl_add += 1
+            datas[fd] = (handle, None)
+            (<Counters?>get(selector, P_STATS)).epoll_ctl_add += 1
             event.events = EPOLLIN
             event.data.u64 = 0
             event.data.fd = fd
-            epfd = selector._epoll.fileno()
+            epfd = epoll_fd(epoll)
             if epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event) == 0:
                 return handle
             # Fresh again: register() knows what each refusal means.
@@ -900,7 +1038,7 @@ cdef object call_soon(LoopCore core, object self, object callback, tuple args, o
     if core.debug or events_module.Handle is not Handle:
         return call_soon_pure(self, callback, *args, context=context)
     handle = new_handle(self, callback, args, context)
-    core.ready.append(handle)
+    core.ready_append(handle)
     return handle
 
 
@@ -1202,26 +1340,26 @@ class Loop(_PyLoop):
         # Phase: apply interest changes, then poll.
         selector = core.selector
         health = core.health
-        if type(selector).select is POLLER_SELECT and own_route(self, selector):
-            timed = health.timed
+        if polls_by_select(selector) and own_route(self, selector):
+            timed = health_timed(health)
             if timeout == 0 or not timed:
-                rest = wait_readers(core, selector, timeout, stats, ready)
+                rest = wait_readers(core, selector, timeout, stats)
                 if timed and not stats.iterations & STRETCH_MASK:
                     now = health.stretch_end()
                     if health.publisher is not None:
                         health.publisher.due(now, 0)
             else:
-                rest = wait_readers(core, selector, 0, stats, ready)
+                rest = wait_readers(core, selector, 0, stats)
                 if not rest and not ready:
                     waited = health.stretch_end()
                     if health.publisher is not None:
                         timeout = health.publisher.due(waited, timeout)
-                    rest = wait_readers(core, selector, timeout, stats, ready)
+                    rest = wait_readers(core, selector, timeout, stats)
                     health.waited(waited)
             if rest:
                 self._process_rest(rest)
-        elif (type(selector).select is POLLER_SELECT and not selector.replaced
-                and type(self)._process_events is STOCK_PROCESS_EVENTS):
+        elif (polls_by_select(selector) and not selector.replaced
+                and stock_process_events(self)):
             # Our poller on another backend, or with always-ready fds.
             if timeout == 0 or not health.timed:
                 rest = selector.ready_readers(timeout, ready)
@@ -1238,14 +1376,14 @@ class Loop(_PyLoop):
         if scheduled:
             loop_now = self.time()
             end = end_time(loop_now, self._clock_resolution)
-            lag = health.lag if health.timed else None
+            lag = health.lag if health_timed(health) else None
             while scheduled:
                 handle = scheduled[0]
                 if handle._when >= end:
                     break
                 handle = heap_pop(scheduled)
                 handle._scheduled = False
-                ready.append(handle)
+                core.ready_append(handle)
                 due = True
                 if lag is not None:
                     lag.record(loop_now - handle._when)
@@ -1255,11 +1393,11 @@ class Loop(_PyLoop):
         # TimerHandle when a timer joined, while their _run is stock's).
         ntodo = len(ready)
         ran = ntodo
-        timed = core.debug or health.slow
-        inline = not timed and Handle._run is STOCK_HANDLE_RUN
-        inline_timers = inline and due and TimerHandle._run is STOCK_HANDLE_RUN
+        timed = core.debug or health_slow(health)
+        inline = not timed and stock_run(HANDLE_RUN, HANDLE_RUN_STOCK)
+        inline_timers = inline and due and stock_run(TIMER_RUN, TIMER_RUN_STOCK)
         for i in range(ntodo):
-            handle = ready.popleft()
+            handle = core.ready_popleft()
             # Anything may be in the queue (tests append their own objects):
             # the slots are read only in a Handle's, by offset.
             if is_handle(handle):
@@ -1300,11 +1438,13 @@ class Loop(_PyLoop):
         # Phase: everything the callbacks wrote, and last iteration's feeds.
         if get(writes, S_PENDING) or get(writes, S_FEEDING):
             writes.flush(True)
-        if core.stopping and health.timed:
+        if core.stopping and health_timed(health):
             health.stopped()
 
 
 LOOP_CORE = slot(Loop, "_core")
 CLoop_type = Loop
 LOOP_METHODS = ClassWatch(Loop, ("call_soon", "_set_callback"))
+LOOP_EVENTS = ClassWatch(Loop, ("_process_events",))
+LOOP_EVENTS_STOCK = Loop._process_events is STOCK_PROCESS_EVENTS
 TIMER_METHODS = ClassWatch(TimerHandle, ("__init__", "__lt__"))

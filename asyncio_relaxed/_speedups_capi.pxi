@@ -65,6 +65,13 @@ cdef extern from *:
     #define AR_SOCK_FD(o) (((ar_socket *)(o))->sock_fd)
     #define AR_SOCK_FAMILY(o) (((ar_socket *)(o))->sock_family)
 
+    /* The descriptor of a select.epoll object, -1 once closed: its C struct
+       begins with it after the object header (pyEpoll_Object,
+       Modules/selectmodule.c, the same from 3.11 to 3.15).  Checked against
+       fileno() when the module loads. */
+    typedef struct { PyObject_HEAD int epfd; } ar_epoll;
+    #define AR_EPOLL_FD(o) (((ar_epoll *)(o))->epfd)
+
     /* An object's type version tag: CPython changes it whenever the class or
        one of its bases is modified (an attribute set or deleted), so an
        unchanged tag means an unchanged class. */
@@ -114,6 +121,7 @@ cdef extern from *:
     void ar_set(object o, Py_ssize_t off, object v)
     int AR_SOCK_FD(object o)
     int AR_SOCK_FAMILY(object o)
+    int AR_EPOLL_FD(object o)
     unsigned int AR_TYPE_TAG(object t)
 
     int PyObject_GenericSetAttr(object o, object name, object value) except -1

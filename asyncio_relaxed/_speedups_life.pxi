@@ -98,12 +98,15 @@ cdef object accepted_addresses(object peername, object sock, object sockname):
 cdef int own_fd(object poller, int fd) except -1:
     """DeferredSelector.own: a new socket's fd (no entry) owned, written
     into the interest table's dict; anything else through the poller."""
-    if type(poller) is not DeferredSelector or poller.patched:
+    if not own_poller(poller):
         poller.own(fd)
         return 0
-    table = poller._table
-    states = table.states
-    if fd not in <dict?>states and fd not in <dict?>table.data:
+    table = poller_table(poller)
+    if table is None:
+        poller.own(fd)
+        return 0
+    states = <dict?>get(table, I_STATES)
+    if fd not in states and fd not in <dict?>get(table, I_DATA):
         states[fd] = OWNED
     else:
         table.own(fd)
@@ -221,27 +224,34 @@ cdef object release_reader(object loop, object poller, object fd):
     EPOLL_CTL_DEL, both written out here; any other fd through the
     poller.  The reader removed, or None."""
     cdef int epfd, error
-    if type(poller) is not DeferredSelector or poller.patched or poller._epoll is None:
+    if not own_poller(poller):
         return poller.release_reader(fd)
-    table = poller._table
-    datas = <dict?>table.data
-    if fd in <dict?>table.states or fd not in datas:  # not COMMON
+    table = poller_table(poller)
+    epoll = get(poller, P_EPOLL)
+    if table is None or epoll is None:
         return poller.release_reader(fd)
-    table.dirty.discard(fd)
+    datas = <dict?>get(table, I_DATA)
+    if fd in <dict?>get(table, I_STATES) or fd not in datas:  # not COMMON
+        return poller.release_reader(fd)
+    dirty = get(table, I_DIRTY)
+    if dirty:
+        (<set?>dirty).discard(fd)
     data = datas.pop(fd)
-    if poller._fileobjs:
-        poller._fileobjs.pop(fd, None)
-    (<Counters?>poller.stats).epoll_ctl_del += 1
-    epfd = poller._epoll.fileno()
+    fileobjs = get(poller, P_FILEOBJS)
+    if fileobjs:
+        (<dict?>fileobjs).pop(fd, None)
+    (<Counters?>get(poller, P_STATS)).epoll_ctl_del += 1
+    epfd = epoll_fd(epoll)
     if epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL) < 0:
         error = errno
         if error != ENOENT and error != EBADF:
             try:
                 raise_errno()
             except OSError as exc:
-                if poller.on_error is None:
+                on_error = get(poller, P_ON_ERROR)
+                if on_error is None:
                     raise
-                poller.on_error(fd, exc)
+                on_error(fd, exc)
     return data[0]
 
 
@@ -270,7 +280,9 @@ cdef int unwatch_for_good(object self) except -1:
         selector, closed = core.selector, core.closed
     else:
         selector, closed = loop._selector, loop._closed
-    if selector is not poller or poller.replaced or closed:
+    if (selector is not poller or closed
+            or (get(poller, P_REPLACED) if type(poller) is DeferredSelector
+                else poller.replaced)):
         self._unwatch_read()
         self._release_fd()
         return 0

@@ -369,6 +369,64 @@ def test_a_loop_method_replaced_on_the_instance_is_called() -> None:
         loop.close()
 
 
+#: The poller's methods whose bodies the compiled loop runs itself for an
+#: accepted connection (its fd owned, its reader added and released); and
+#: select, whose identity decides how the loop polls (replaced, the loop
+#: polls through it, and a transport's close takes the two calls of
+#: _unwatch_for_good instead of release_reader).
+POLLER_METHODS = {"life": ("own", "set_callback", "release_reader"), "select": ("select",)}
+
+
+@pytest.mark.parametrize("where", ["instance", "class"])
+@pytest.mark.parametrize("methods", list(POLLER_METHODS))
+def test_a_poller_method_replaced_is_called(methods: str, where: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled loop reads its poller's fields by offset and runs a few
+    of its methods' bodies itself only while none of them is replaced: a
+    wrapper on the poller or on its class sees every call of an accepted
+    connection's life, as on the pure build."""
+    names = POLLER_METHODS[methods]
+    from asyncio_relaxed._poller import DeferredSelector
+
+    loop = asyncio_relaxed.new_event_loop()
+    seen: list[str] = []
+
+    def spy(name: str, method: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            seen.append(name)
+            return method(*args, **kwargs)
+        return wrapper
+
+    async def main() -> None:
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+        for name in names:
+            if where == "instance":
+                setattr(loop._selector, name, spy(name, getattr(loop._selector, name)))
+            else:
+                monkeypatch.setattr(DeferredSelector, name,
+                                    spy(name, getattr(DeferredSelector, name)))
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        client.sendall(b"ping")
+        client.setblocking(False)
+        while True:
+            try:
+                assert client.recv(10) == b"ping"
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+        client.close()
+        while not set(names) <= set(seen):
+            await asyncio.sleep(0.001)
+        server.close()
+        await server.wait_closed()
+
+    try:
+        run(loop, main())
+        assert set(names) <= set(seen), seen
+    finally:
+        loop.close()
+
+
 def test_loops_in_two_threads_wait_at_once() -> None:
     """Each loop waits in epoll_wait into an array of its own, without the
     GIL: a loop in another thread that registers more sockets meanwhile
