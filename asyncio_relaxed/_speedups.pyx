@@ -384,8 +384,9 @@ cdef int mirror(LoopCore core, str name, object value) except -1:
 
 cdef Py_ssize_t LOOP_CORE  # the compiled Loop's _core slot (set once the class exists)
 #: The compiled Loop's methods the compiled code calls directly (see
-#: direct_loop()), and the watch on its class (set once it exists).
-cdef frozenset LOOP_METHOD_NAMES = frozenset({"call_soon", "_set_callback"})
+#: direct_loop()), and the transport class whose instances it makes itself
+#: (new_accepted()); and the watch on its class (set once it exists).
+cdef frozenset LOOP_METHOD_NAMES = frozenset({"call_soon", "_set_callback", "_SocketTransport"})
 cdef object LOOP_METHODS = None
 #: The watch on the compiled Loop's _process_events, and whether it was
 #: stock's when the watch was made (set once the class exists).
@@ -744,6 +745,7 @@ TRANSPORT_METHODS = ClassWatch(SocketTransport, (
     "_attach", "_schedule_start", "_connection_made", "_start_reading", "_read_method",
     "_lost", "_unwatch_for_good", "_socket_lost", "_forget", "_detach_server",
     "_call_connection_lost"))
+TRANSPORT_NEW = ClassWatch(SocketTransport, ("__new__", "__init__"))
 
 
 
@@ -1444,7 +1446,7 @@ class Loop(_PyLoop):
 
 LOOP_CORE = slot(Loop, "_core")
 CLoop_type = Loop
-LOOP_METHODS = ClassWatch(Loop, ("call_soon", "_set_callback"))
+LOOP_METHODS = ClassWatch(Loop, ("call_soon", "_set_callback", "_SocketTransport"))
 LOOP_EVENTS = ClassWatch(Loop, ("_process_events",))
 LOOP_EVENTS_STOCK = Loop._process_events is STOCK_PROCESS_EVENTS
 TIMER_METHODS = ClassWatch(TimerHandle, ("__init__", "__lt__"))

@@ -233,10 +233,9 @@ cdef object serve(object self, object loop, object listener, object conn, object
     protocol = transport = None
     try:
         protocol = get(listener, L_PROTOCOL_FACTORY)()
-        transport = loop._SocketTransport(loop, conn, protocol, None, None,
-                                          get(listener, L_SERVER), get(self, V_SHARED),
-                                          get(listener, L_INHERITS), context, addr,
-                                          get(listener, L_SOCKNAME))
+        transport = new_accepted(loop, conn, protocol, get(listener, L_SERVER),
+                                 get(self, V_SHARED), get(listener, L_INHERITS), context, addr,
+                                 get(listener, L_SOCKNAME))
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:

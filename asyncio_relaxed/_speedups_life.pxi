@@ -46,6 +46,9 @@ cdef object STOCK_CANCEL = Handle.cancel
 #: The compiled transport's methods that the functions here call inline (set
 #: once the class exists, at the end of _speedups.pyx).
 cdef ClassWatch TRANSPORT_METHODS
+#: How the compiled transport is made: new_accepted() allocates it and runs
+#: its __init__'s body while these two are as they are.
+cdef ClassWatch TRANSPORT_NEW
 
 
 cdef inline bint loop_debug(object loop) except -1:
@@ -121,14 +124,28 @@ def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=N
     options inherited, outside debug mode): the pure __init__'s slots set
     by offset, its _attach and _schedule_start inline.  Any other call is
     the pure __init__'s."""
-    cdef int fd
-    if (server is None or peername is ASK or extra or waiter is not None
-            or inherited_options is not True or not is_shared(shared)
-            or type(self) is not SocketTransport or not plain_socket(sock)
-            or not TRANSPORT_METHODS.unchanged() or loop_debug(loop)):
+    if (waiter is not None or extra or type(self) is not SocketTransport
+            or not accepted_fast(loop, sock, server, shared, inherited_options, peername)):
         _PySocketTransport.__init__(self, loop, sock, protocol, waiter, extra, server,
                                     shared, inherited_options, context, peername, sockname)
         return
+    init_accepted(self, loop, sock, protocol, server, shared, context, peername, sockname)
+
+
+cdef inline bint accepted_fast(object loop, object sock, object server, object shared,
+                               object inherited_options, object peername) except -1:
+    """The condition of init_accepted() (besides no waiter, no extra and a
+    transport of exactly the compiled class)."""
+    return not (server is None or peername is ASK or inherited_options is not True
+                or not is_shared(shared) or not plain_socket(sock)
+                or not TRANSPORT_METHODS.unchanged() or loop_debug(loop))
+
+
+cdef int init_accepted(object self, object loop, object sock, object protocol, object server,
+                       object shared, object context, object peername,
+                       object sockname) except -1:
+    """SocketTransport.__init__'s body where accepted_fast() holds."""
+    cdef int fd
     fd = AR_SOCK_FD(sock)
     # TransportBase.__init__ (the fields __del__ reads first).
     ar_set(self, T_SOCK, None)
@@ -172,6 +189,30 @@ def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=N
     own_fd(get(shared, S_POLLER), fd)
     # _schedule_start, outside debug mode: one handle.
     schedule(loop, self._connection_made, (), context)
+    return 0
+
+
+cdef object new_accepted(object loop, object sock, object protocol, object server,
+                         object shared, object inherited_options, object context,
+                         object peername, object sockname):
+    """loop._SocketTransport(loop, sock, protocol, None, None, server, ...)
+    for the accept path: where the loop is exactly the compiled one whose
+    _SocketTransport is the compiled class, whose __new__ and __init__ are
+    as they are, and init_accepted() applies, the transport is allocated
+    and its __init__'s body run without the call through the class; any
+    other case is that call."""
+    cdef LoopCore core
+    if type(loop) is CLoop_type:
+        core = core_of(loop)
+        if (core is not None and not core.patched and (<ClassWatch>LOOP_METHODS).unchanged()
+                and TRANSPORT_NEW.unchanged()
+                and accepted_fast(loop, sock, server, shared, inherited_options, peername)):
+            transport = AR_NEW(SocketTransport)
+            init_accepted(transport, loop, sock, protocol, server, shared, context, peername,
+                          sockname)
+            return transport
+    return loop._SocketTransport(loop, sock, protocol, None, None, server, shared,
+                                 inherited_options, context, peername, sockname)
 
 
 def connection_made(self):

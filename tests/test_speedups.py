@@ -427,6 +427,59 @@ def test_a_poller_method_replaced_is_called(methods: str, where: str,
         loop.close()
 
 
+@pytest.mark.parametrize("how", ["loop's class attribute", "class __init__"])
+def test_an_accepted_transport_is_made_as_replaced(how: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled accept path allocates its transport and runs its
+    __init__'s body itself only while the loop's _SocketTransport and that
+    class's __init__ are as they are: a subclass set on the loop, or an
+    __init__ wrapped on the class, makes every accepted connection's
+    transport, as on the pure build."""
+    loop = asyncio_relaxed.new_event_loop()
+    made: list[Any] = []
+    base = loop._SocketTransport  # type: ignore[attr-defined]
+
+    class Recorded(base):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            super().__init__(*args, **kwargs)
+
+    if how == "loop's class attribute":
+        loop._SocketTransport = Recorded  # type: ignore[attr-defined]
+    else:
+        stock_init = base.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            stock_init(self, *args, **kwargs)
+
+        monkeypatch.setattr(base, "__init__", init)
+
+    async def main() -> None:
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        client.sendall(b"ping")
+        client.setblocking(False)
+        while True:
+            try:
+                assert client.recv(10) == b"ping"
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+        client.close()
+        server.close()
+        await server.wait_closed()
+
+    try:
+        run(loop, main())
+        assert len(made) == 1
+        assert type(made[0]) is (Recorded if how == "loop's class attribute" else base)
+    finally:
+        loop.close()
+
+
 def test_loops_in_two_threads_wait_at_once() -> None:
     """Each loop waits in epoll_wait into an array of its own, without the
     GIL: a loop in another thread that registers more sockets meanwhile
