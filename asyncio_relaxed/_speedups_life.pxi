@@ -51,6 +51,66 @@ cdef ClassWatch TRANSPORT_METHODS
 cdef ClassWatch TRANSPORT_NEW
 
 
+# -- the server's clients -----------------------------------------------------------
+
+# Since 3.13 stock's Server keeps its connections' transports in a WeakSet
+# (_clients, for close_clients()): _attach adds one, _detach discards it and
+# wakes the server's waiters at the last once it is closed.  Those two
+# methods and the WeakSet's add, discard and __len__ are run here, without
+# their four Python frames, for exactly stock's Server and WeakSet with
+# those methods as they are; 3.13's and 3.14's WeakSet may hold removals
+# pending from an iteration, which its methods commit first: then they are
+# called.
+cdef object StockServer = base_events_module.Server
+cdef object WeakSet = weakref.WeakSet
+cdef bint WEAKSET_PENDING = hasattr(WeakSet(), "_pending_removals")
+cdef ClassWatch SERVER_CLIENTS = ClassWatch(StockServer, ("_attach", "_detach"))
+cdef ClassWatch WEAKSET_METHODS = ClassWatch(WeakSet, ("add", "discard", "__len__"))
+
+
+cdef object stock_clients(object server):
+    """*server*'s _clients where this module may run _attach and _detach
+    itself (above), else None."""
+    if (not SERVER_TAKES_TRANSPORT or type(server) is not StockServer
+            or not SERVER_CLIENTS.unchanged() or not WEAKSET_METHODS.unchanged()):
+        return None
+    clients = server._clients
+    if type(clients) is not WeakSet or (WEAKSET_PENDING and clients._pending_removals):
+        return None
+    return clients
+
+
+cdef int server_attach(object server, object transport) except -1:
+    """_compat.server_attach: Server._attach, its body here where
+    stock_clients() allows it."""
+    clients = stock_clients(server)
+    if clients is not None:
+        assert server._sockets is not None  # Server._attach's
+        (<set?>clients.data).add(new_weakref(transport, clients._remove))
+    elif SERVER_TAKES_TRANSPORT:
+        server._attach(transport)
+    else:
+        server._attach()
+    return 0
+
+
+cdef int server_detach(object server, object transport) except -1:
+    """_compat.server_detach: Server._detach, its body here where
+    stock_clients() allows it."""
+    cdef set data
+    clients = stock_clients(server)
+    if clients is not None:
+        data = <set?>clients.data
+        data.discard(new_weakref(transport))
+        if len(data) == 0 and server._sockets is None:  # len(clients): nothing pending
+            server._wakeup()
+    elif SERVER_TAKES_TRANSPORT:
+        server._detach(transport)
+    else:
+        server._detach()
+    return 0
+
+
 cdef inline bint loop_debug(object loop) except -1:
     """loop._debug, from its LoopCore where it has one."""
     cdef LoopCore core = core_of(loop)
@@ -181,10 +241,7 @@ cdef int init_accepted(object self, object loop, object sock, object protocol, o
     ar_set(self, T_FEEDS, 0)
     # _attach: the server's count, the loop's transports, the fd owned.
     ar_set(self, T_SERVER, server)
-    if SERVER_TAKES_TRANSPORT:  # _compat.server_attach, without its frame
-        server._attach(self)
-    else:
-        server._attach()
+    server_attach(server, self)
     loop_transports(loop)[fd] = new_weakref(self)
     own_fd(get(shared, S_POLLER), fd)
     # _schedule_start, outside debug mode: one handle.
@@ -413,10 +470,7 @@ cdef int socket_lost(object self) except -1:
     server = get(self, T_SERVER)
     if server is not None:
         ar_set(self, T_SERVER, None)
-        if SERVER_TAKES_TRANSPORT:  # _compat.server_detach, without its frame
-            server._detach(self)
-        else:
-            server._detach()
+        server_detach(server, self)
     waiter = get(self, T_EMPTY_WAITER)
     if waiter is not None and not waiter.done():
         waiter.set_exception(ConnectionError("Connection is closed by peer"))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import asyncio_relaxed
-from asyncio_relaxed import _builds, _stats
+from asyncio_relaxed import _builds, _compat, _stats
 from conftest import Echo, iterate, run
 
 speedups = pytest.importorskip(
@@ -476,6 +476,61 @@ def test_an_accepted_transport_is_made_as_replaced(how: str,
         run(loop, main())
         assert len(made) == 1
         assert type(made[0]) is (Recorded if how == "loop's class attribute" else base)
+    finally:
+        loop.close()
+
+
+@pytest.mark.skipif(not _compat._ATTACH_TAKES_TRANSPORT,
+                    reason="before 3.13 stock's Server counts its connections, keeping no set")
+@pytest.mark.parametrize("detach", ["stock", "replaced"])
+def test_a_servers_clients_are_kept_as_stocks(detach: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled transport runs stock's Server._attach and _detach (and
+    their WeakSet's add and discard) itself: the server's _clients holds
+    each connection's transport while it lives, close_clients() reaches
+    it, wait_closed() returns once the last one is gone; a _detach
+    replaced on the class is called instead."""
+    loop = asyncio_relaxed.new_event_loop()
+    detached: list[Any] = []
+    if detach == "replaced":
+        stock_detach = asyncio.base_events.Server._detach
+
+        def spy(self: Any, transport: Any) -> None:
+            detached.append(transport)
+            stock_detach(self, transport)
+
+        monkeypatch.setattr(asyncio.base_events.Server, "_detach", spy)
+    made: list[asyncio.BaseTransport] = []
+
+    class Kept(Echo):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            made.append(transport)
+            super().connection_made(transport)
+
+    async def main() -> None:
+        server = await loop.create_server(Kept, "127.0.0.1", 0)
+        clients = [socket.create_connection(server.sockets[0].getsockname()[:2])
+                   for _ in range(2)]
+        while len(made) < 2:
+            await asyncio.sleep(0.001)
+        assert set(server._clients) == set(made)  # type: ignore[attr-defined]
+        clients[0].close()
+        while len(server._clients) > 1:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.001)
+        assert set(server._clients) == {made[1]}  # type: ignore[attr-defined]
+        server.close()
+        closing = asyncio.ensure_future(server.wait_closed())
+        await asyncio.sleep(0.01)
+        assert not closing.done()  # a connection is left
+        server.close_clients()
+        await asyncio.wait_for(closing, 5)
+        assert len(server._clients) == 0  # type: ignore[attr-defined]
+        assert made[1].is_closing()
+        clients[1].close()
+
+    try:
+        run(loop, main())
+        assert detached == (made if detach == "replaced" else [])
     finally:
         loop.close()
 
