@@ -93,8 +93,8 @@ def test_package_layering(module: str) -> None:
 #: The compiled twin (a .pyx, read with a pattern): the pure modules whose
 #: classes it subclasses or whose names it reads.
 SPEEDUPS_ALLOWED = {"_accept", "_backends", "_basetransport", "_compat", "_datagram", "_health",
-                    "_interest", "_loop", "_poller", "_serving", "_shared", "_sockets", "_stats", "_tls",
-                    "_tlsengine", "_transport", "_writes"}
+                    "_interest", "_loop", "_poller", "_serving", "_shared", "_sockets", "_stats",
+                    "_tls", "_tlsengine", "_transport", "_writes"}
 
 
 def test_the_compiled_module_imports_what_it_accelerates() -> None:

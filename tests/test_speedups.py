@@ -324,6 +324,21 @@ def test_the_loop_core_follows_every_assignment() -> None:
         loop.call_soon(print)
 
 
+async def _ping_and_close(server: asyncio.AbstractServer) -> None:
+    """One connection to *server* (an Echo): a ping echoed, then closed."""
+    address = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
+    client = socket.create_connection(address)
+    client.sendall(b"ping")
+    client.setblocking(False)
+    while True:
+        try:
+            assert client.recv(10) == b"ping"
+            break
+        except BlockingIOError:
+            await asyncio.sleep(0.001)
+    client.close()
+
+
 def test_a_loop_method_replaced_on_the_instance_is_called() -> None:
     """The compiled transport runs its loop's call_soon and _set_callback
     bodies itself only while nobody replaced them: a test's wrapper on the
@@ -346,16 +361,7 @@ def test_a_loop_method_replaced_on_the_instance_is_called() -> None:
         server = await loop.create_server(Echo, "127.0.0.1", 0)
         loop.call_soon = call_soon  # type: ignore[method-assign]
         loop._set_callback = set_callback  # type: ignore[method-assign]
-        client = socket.create_connection(server.sockets[0].getsockname()[:2])
-        client.sendall(b"ping")
-        client.setblocking(False)
-        while True:
-            try:
-                assert client.recv(10) == b"ping"
-                break
-            except BlockingIOError:
-                await asyncio.sleep(0.001)
-        client.close()
+        await _ping_and_close(server)
         while "call_connection_lost" not in seen:
             await asyncio.sleep(0.001)
         server.close()
@@ -405,16 +411,7 @@ def test_a_poller_method_replaced_is_called(methods: str, where: str,
             else:
                 monkeypatch.setattr(DeferredSelector, name,
                                     spy(name, getattr(DeferredSelector, name)))
-        client = socket.create_connection(server.sockets[0].getsockname()[:2])
-        client.sendall(b"ping")
-        client.setblocking(False)
-        while True:
-            try:
-                assert client.recv(10) == b"ping"
-                break
-            except BlockingIOError:
-                await asyncio.sleep(0.001)
-        client.close()
+        await _ping_and_close(server)
         while not set(names) <= set(seen):
             await asyncio.sleep(0.001)
         server.close()
@@ -459,16 +456,7 @@ def test_an_accepted_transport_is_made_as_replaced(how: str,
 
     async def main() -> None:
         server = await loop.create_server(Echo, "127.0.0.1", 0)
-        client = socket.create_connection(server.sockets[0].getsockname()[:2])
-        client.sendall(b"ping")
-        client.setblocking(False)
-        while True:
-            try:
-                assert client.recv(10) == b"ping"
-                break
-            except BlockingIOError:
-                await asyncio.sleep(0.001)
-        client.close()
+        await _ping_and_close(server)
         server.close()
         await server.wait_closed()
 
