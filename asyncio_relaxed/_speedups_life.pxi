@@ -70,11 +70,15 @@ cdef ClassWatch WEAKSET_METHODS = ClassWatch(WeakSet, ("add", "discard", "__len_
 
 cdef object stock_clients(object server):
     """*server*'s _clients where this module may run _attach and _detach
-    itself (above), else None."""
+    itself (above: neither replaced on the class nor on the server), else
+    None."""
     if (not SERVER_TAKES_TRANSPORT or type(server) is not StockServer
             or not SERVER_CLIENTS.unchanged() or not WEAKSET_METHODS.unchanged()):
         return None
-    clients = server._clients
+    attributes = <dict?>server.__dict__
+    if "_attach" in attributes or "_detach" in attributes:
+        return None
+    clients = attributes.get("_clients")
     if type(clients) is not WeakSet or (WEAKSET_PENDING and clients._pending_removals):
         return None
     return clients

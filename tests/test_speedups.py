@@ -11,6 +11,7 @@ slot never set), and how a process chooses its build.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import subprocess
@@ -470,23 +471,23 @@ def test_an_accepted_transport_is_made_as_replaced(how: str,
 
 @pytest.mark.skipif(not _compat._ATTACH_TAKES_TRANSPORT,
                     reason="before 3.13 stock's Server counts its connections, keeping no set")
-@pytest.mark.parametrize("detach", ["stock", "replaced"])
+@pytest.mark.parametrize("detach", ["stock", "replaced on the class", "replaced on the server"])
 def test_a_servers_clients_are_kept_as_stocks(detach: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled transport runs stock's Server._attach and _detach (and
     their WeakSet's add and discard) itself: the server's _clients holds
     each connection's transport while it lives, close_clients() reaches
     it, wait_closed() returns once the last one is gone; a _detach
-    replaced on the class is called instead."""
+    replaced on the class or on the server is called instead."""
     loop = asyncio_relaxed.new_event_loop()
     detached: list[Any] = []
-    if detach == "replaced":
-        stock_detach = asyncio.base_events.Server._detach
+    stock_detach = asyncio.base_events.Server._detach
 
-        def spy(self: Any, transport: Any) -> None:
-            detached.append(transport)
-            stock_detach(self, transport)
+    def spy(self: Any, transport: Any) -> None:
+        detached.append(transport)
+        stock_detach(self, transport)
 
+    if detach == "replaced on the class":
         monkeypatch.setattr(asyncio.base_events.Server, "_detach", spy)
     made: list[asyncio.BaseTransport] = []
 
@@ -497,6 +498,8 @@ def test_a_servers_clients_are_kept_as_stocks(detach: str,
 
     async def main() -> None:
         server = await loop.create_server(Kept, "127.0.0.1", 0)
+        if detach == "replaced on the server":
+            server._detach = functools.partial(spy, server)  # type: ignore[method-assign]
         clients = [socket.create_connection(server.sockets[0].getsockname()[:2])
                    for _ in range(2)]
         while len(made) < 2:
@@ -518,7 +521,7 @@ def test_a_servers_clients_are_kept_as_stocks(detach: str,
 
     try:
         run(loop, main())
-        assert detached == (made if detach == "replaced" else [])
+        assert detached == (made if detach != "stock" else [])
     finally:
         loop.close()
 
