@@ -234,8 +234,8 @@ class DeferredSelector(selectors.BaseSelector):
         *,
         stats: Counters | None = None,
     ) -> None:
-        object.__setattr__(self, "replaced", frozenset())
-        object.__setattr__(self, "patched", frozenset())
+        self.replaced = frozenset()
+        self.patched = frozenset()
         if backend is None:
             backend = default_backend()
         elif isinstance(backend, selectors.BaseSelector):

@@ -214,13 +214,10 @@ def _check_epoll_layout():
     if EPOLL_TYPE is None:
         return
     epoll = EPOLL_TYPE()
-    try:
-        if AR_EPOLL_FD(epoll) != epoll.fileno():
-            raise ImportError("asyncio_relaxed._speedups: select.epoll's C layout is not "
-                              "the one this module was written for")
-    finally:
-        epoll.close()
-    if AR_EPOLL_FD(epoll) != -1:
+    read_open = AR_EPOLL_FD(epoll)
+    fd = epoll.fileno()
+    epoll.close()
+    if read_open != fd or AR_EPOLL_FD(epoll) != -1:
         raise ImportError("asyncio_relaxed._speedups: select.epoll's C layout is not "
                           "the one this module was written for")
 
@@ -388,10 +385,9 @@ cdef Py_ssize_t LOOP_CORE  # the compiled Loop's _core slot (set once the class 
 #: (new_accepted()); and the watch on its class (set once it exists).
 cdef frozenset LOOP_METHOD_NAMES = frozenset({"call_soon", "_set_callback", "_SocketTransport"})
 cdef object LOOP_METHODS = None
-#: The watch on the compiled Loop's _process_events, and whether it was
-#: stock's when the watch was made (set once the class exists).
+#: Whether the compiled Loop's _process_events is stock's (set once the
+#: class exists).
 cdef object LOOP_EVENTS = None
-cdef bint LOOP_EVENTS_STOCK = False
 
 
 cdef inline LoopCore direct_loop(object loop):
@@ -451,20 +447,9 @@ cdef inline object poller_table(object poller):
     return table if type(table) is InterestTable else None
 
 
-#: Handle's and TimerHandle's _run, watched, and whether each was stock's
-#: when its watch was made.
-cdef ClassWatch HANDLE_RUN = ClassWatch(Handle, ("_run",))
-cdef bint HANDLE_RUN_STOCK = Handle._run is STOCK_HANDLE_RUN
-cdef ClassWatch TIMER_RUN = ClassWatch(TimerHandle, ("_run",))
-cdef bint TIMER_RUN_STOCK = TimerHandle._run is STOCK_HANDLE_RUN
-
-
-cdef inline bint stock_run(ClassWatch watch, bint stock_when_made) except -1:
-    """The watched class's _run is stock's Handle._run: known while the
-    class is unchanged, else looked up."""
-    if watch.unchanged():
-        return stock_when_made
-    return watch.cls._run is STOCK_HANDLE_RUN
+#: Whether Handle's and TimerHandle's _run are stock's Handle._run.
+cdef StockAttribute HANDLE_RUN = StockAttribute(Handle, "_run", STOCK_HANDLE_RUN)
+cdef StockAttribute TIMER_RUN = StockAttribute(TimerHandle, "_run", STOCK_HANDLE_RUN)
 
 
 cdef inline bint polls_by_select(object selector):
@@ -963,8 +948,8 @@ cdef inline bint health_slow(object health) except -1:
 cdef inline bint stock_process_events(object loop):
     """type(loop)._process_events is stock's: by the class's watch where
     *loop* is exactly the compiled Loop."""
-    if type(loop) is CLoop_type and (<ClassWatch>LOOP_EVENTS).unchanged():
-        return LOOP_EVENTS_STOCK
+    if type(loop) is CLoop_type:
+        return (<StockAttribute>LOOP_EVENTS).holds()
     return type(loop)._process_events is STOCK_PROCESS_EVENTS
 
 
@@ -1396,8 +1381,8 @@ class Loop(_PyLoop):
         ntodo = len(ready)
         ran = ntodo
         timed = core.debug or health_slow(health)
-        inline = not timed and stock_run(HANDLE_RUN, HANDLE_RUN_STOCK)
-        inline_timers = inline and due and stock_run(TIMER_RUN, TIMER_RUN_STOCK)
+        inline = not timed and HANDLE_RUN.holds()
+        inline_timers = inline and due and TIMER_RUN.holds()
         for i in range(ntodo):
             handle = core.ready_popleft()
             # Anything may be in the queue (tests append their own objects):
@@ -1447,6 +1432,5 @@ class Loop(_PyLoop):
 LOOP_CORE = slot(Loop, "_core")
 CLoop_type = Loop
 LOOP_METHODS = ClassWatch(Loop, ("call_soon", "_set_callback", "_SocketTransport"))
-LOOP_EVENTS = ClassWatch(Loop, ("_process_events",))
-LOOP_EVENTS_STOCK = Loop._process_events is STOCK_PROCESS_EVENTS
+LOOP_EVENTS = StockAttribute(Loop, "_process_events", STOCK_PROCESS_EVENTS)
 TIMER_METHODS = ClassWatch(TimerHandle, ("__init__", "__lt__"))

@@ -31,6 +31,28 @@ cdef class ClassWatch:
         return True
 
 
+cdef class StockAttribute:
+    """Whether a class's attribute *name* is still *stock*: known, by a
+    ClassWatch, from what it was when this was made while the class is
+    unchanged; else looked up."""
+
+    cdef ClassWatch watch
+    cdef str name
+    cdef object stock
+    cdef bint was_stock
+
+    def __init__(self, cls, str name, stock):
+        self.watch = ClassWatch(cls, (name,))
+        self.name = name
+        self.stock = stock
+        self.was_stock = getattr(cls, name, None) is stock
+
+    cdef bint holds(self) except -1:
+        if self.watch.unchanged():
+            return self.was_stock
+        return getattr(self.watch.cls, self.name, None) is self.stock
+
+
 cdef object ASK = _basetransport.ASK
 cdef object DEFAULT_HIGH_WATER = _basetransport._DEFAULT_HIGH_WATER
 cdef object DEFAULT_LOW_WATER = _basetransport._DEFAULT_LOW_WATER
