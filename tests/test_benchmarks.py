@@ -721,6 +721,26 @@ def test_floor_server_echoes_every_byte_through_short_sends() -> None:
                 proc.kill()
 
 
+def test_floor_keeps_what_a_full_send_buffer_refuses() -> None:
+    """A send that finds the buffer full raises rather than returning 0: the
+    floor keeps every byte for EPOLLOUT (the echo above timed out without it)."""
+    from benchmarks.workloads import floors
+
+    class Full:
+        def send(self, data: bytes) -> int:
+            raise BlockingIOError
+
+    floor = floors.PlainFloor()
+    try:
+        floor.wait_writable = lambda fd: waited.append(fd)  # type: ignore[method-assign]
+        waited: list[int] = []
+        floor.send(7, Full(), memoryview(b"echo"))  # type: ignore[arg-type]
+        assert floor.pending == {7: b"echo"} and waited == [7]
+    finally:
+        floor.listener.close()
+        floor.epoll.close()
+
+
 def _smoke(workload: Workload, loop_names: list[str], folder: Path) -> dict[str, Any]:
     """A short run of *workload* on *loop_names* through the JSON a reader of
     results/ gets, every figure positive and finite, the reports rendered."""

@@ -166,7 +166,10 @@ class _BytesFloor(_Floor):
         self.pending: dict[int, bytes] = {}
 
     def send(self, fd: int, sock: socket.socket, data: memoryview | bytes) -> None:
-        sent = sock.send(data)
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):  # the send buffer is full
+            sent = 0
         if sent < len(data):
             self.pending[fd] = bytes(data[sent:])
             self.wait_writable(fd)
