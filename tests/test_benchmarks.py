@@ -752,6 +752,9 @@ def _smoke(workload: Workload, loop_names: list[str], folder: Path) -> dict[str,
     assert set(entry["loops"]) == set(loop_names)
     for name, data in entry["loops"].items():
         _positive_finite(f"{entry['name']}/{name}", data)
+        for sample in data["samples"]:  # the kernel's CPU is part of the CPU
+            if "cpu_us_per_unit" in sample and workload.client != "idle":
+                assert 0 <= sample["sys_us_per_unit"] <= sample["cpu_us_per_unit"], sample
     report.terminal(doc, out=lambda line: None)
     assert f"## {entry['name']}" in report.markdown(doc, [])
     _, body = report.summary(doc)

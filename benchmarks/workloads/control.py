@@ -5,7 +5,7 @@ benchmarks.workloads.asgi, the floors in benchmarks.workloads.floors)
 prints ``{"listening": PORT, ...}`` and then answers the runner over
 stdin/stdout: each ``mark`` line is answered with one JSON line, a
 :func:`snapshot` of the process (its CPU seconds, user + system, from
-``getrusage``, and its minor page faults; its resident memory; on
+``getrusage``, of which ``sys`` the kernel's, and its minor page faults; its resident memory; on
 asyncio_relaxed's loop,
 ``loop.statistics()``); the end of input stops the server.  The runner
 subtracts two marks around the measured window, so start-up and warm-up
@@ -33,8 +33,8 @@ def snapshot(loop: asyncio.AbstractEventLoop | None) -> dict[str, Any]:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # µs resolution; os.times() has ticks
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    mark: dict[str, Any] = {"cpu": usage.ru_utime + usage.ru_stime, "rss": rss,
-                            "minflt": usage.ru_minflt}
+    mark: dict[str, Any] = {"cpu": usage.ru_utime + usage.ru_stime, "sys": usage.ru_stime,
+                            "rss": rss, "minflt": usage.ru_minflt}
     statistics = getattr(loop, "statistics", None) if loop is not None else None
     if callable(statistics):
         mark["statistics"] = statistics().as_dict()

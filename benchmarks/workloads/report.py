@@ -20,9 +20,12 @@ from benchmarks.harness.tables import TIMES, markdown_table, ratio, text_table
 
 #: (column title, metric key, format) per kind of workload.
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    # kernel: the server's system CPU, part of its CPU (getrusage's ru_stime).
     "request": [("req/s", "rate", "{:,.0f}"), ("CPU µs/req", "cpu_us_per_unit", "{:.1f}"),
+                ("kernel µs/req", "sys_us_per_unit", "{:.1f}"),
                 ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
     "connection": [("conn/s", "rate", "{:,.0f}"), ("CPU µs/conn", "cpu_us_per_unit", "{:.1f}"),
+                   ("kernel µs/conn", "sys_us_per_unit", "{:.1f}"),
                    ("p50 µs", "p50_us", "{:,.0f}"), ("p99 µs", "p99_us", "{:,.0f}")],
     "MiB": [("Gbit/s", "gbit_s", "{:.2f}"), ("CPU µs/MiB", "cpu_us_per_unit", "{:.0f}")],
     "idle": [("B/conn", "bytes_per_unit", "{:,.0f}")],

@@ -346,6 +346,10 @@ def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
     if w.unit == "MiB":
         sample["gbit_s"] = result["gbit_s"]
     sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+    if "sys" in after and "sys" in before:
+        # The kernel's part of the CPU: a loop's system calls, which an
+        # instruction count (user space only) leaves out.
+        sample["sys_us_per_unit"] = (after["sys"] - before["sys"]) * 1e6 / units
     if "minflt" in after and "minflt" in before:
         # Minor page faults: glibc serving stock's recv(256 KiB) by mmap
         # (a fault or more per read) rather than from the heap shows here.
