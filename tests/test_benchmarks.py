@@ -375,6 +375,29 @@ def test_a_server_that_answers_no_mark_fails_the_run(monkeypatch: pytest.MonkeyP
     assert silent.proc.returncode is not None  # killed on the way out
 
 
+@pytest.mark.timeout(60)
+def test_the_builtin_client_runs_with_its_heap_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's glibc malloc has fixed thresholds (runner.CLIENT_MALLOC),
+    in the environment its process started with; the server's has the
+    caller's."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    started: dict[str, dict[str, str]] = {}
+
+    class Recording(processes.Process):
+        def __init__(self, command: list[str], *args: Any, **extra: str) -> None:
+            super().__init__(command, *args, **extra)
+            with open(f"/proc/{self.proc.pid}/environ", "rb") as f:
+                env = dict(item.decode().partition("=")[::2] for item in f.read().split(b"\0") if item)
+            started["client" if "benchmarks.workloads.client" in command else "server"] = env
+
+    monkeypatch.setattr(runner, "Process", Recording)
+    doc = runner.run([WORKLOADS["echo-protocol-1k-c10"]], ["asyncio"], duration=0.2, warmup=0.1,
+                     repeat=1, syscalls=False, progress=lambda line: None)
+    assert doc["workloads"][0]["errors"] == {}
+    assert runner.CLIENT_MALLOC.items() <= started["client"].items()
+    assert "MALLOC_MMAP_THRESHOLD_" not in started["server"]
+
+
 # -- the loop table ------------------------------------------------------------------
 
 

@@ -121,8 +121,10 @@ class Process:
     (inside :func:`processes`)."""
 
     def __init__(self, command: Sequence[str], cpu: int | None,
-                 import_dir: str | None = None) -> None:
-        self.proc = spawn(command, cpu=cpu, import_dir=import_dir)
+                 import_dir: str | None = None, **extra: str) -> None:
+        """*extra*: variables added to the child's :func:`environment`."""
+        self.proc = spawn(command, cpu=cpu, import_dir=import_dir,
+                          env=environment(import_dir, **extra) if extra else None)
         self.command = command
 
     def read(self, timeout: float = HARD_TIMEOUT) -> dict[str, Any]:

@@ -107,6 +107,16 @@ def wrk_version() -> str | None:
 
 # -- strace -------------------------------------------------------------------------
 
+#: The built-in client's glibc malloc, its thresholds fixed.  With them
+#: dynamic, a TLS client can land in a state where each request's buffers
+#: are mmapped and unmapped (2 page faults a request): it then runs at a
+#: third of its speed, every server sees one request a wakeup where it saw
+#: several, and its CPU per request doubles (tls-echo-1k-c10 on 3.15,
+#: docs/benchmarks.md).  The client is the instrument: it must not make
+#: the servers' figures depend on a heuristic of its own heap.  The servers
+#: keep glibc's defaults, as users run them (their faults are a column).
+CLIENT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
 #: strace's syscall names -> the columns of the report.
 SYSCALL_KINDS = {
     "poll_waits": ("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select",
@@ -253,7 +263,8 @@ def run_one(w: Workload, loop: str, *, warmup: float, duration: float,
         def builtin(path: str | None = None) -> Process | None:
             if use_wrk:
                 return None
-            client = Process(client_command(w, warmup, duration, path), client_cpu)
+            client = Process(client_command(w, warmup, duration, path), client_cpu,
+                             **CLIENT_MALLOC)
             started.append(client)
             return client
 
