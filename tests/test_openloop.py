@@ -407,11 +407,14 @@ class _Echo(asyncio.Protocol):
 
 @pytest.mark.timeout(20)
 def test_an_open_window_at_a_low_rate_leaves_the_client_idle() -> None:
-    """0.3 s at 200 requests/s against an echo server on the same stock
-    loop: the client sleeps between requests, so its CPU use (the server's
-    included) is well under one CPU, not the spinning pacer's 1.0, and the
-    window says how it paced.  Behaviour, not speed: the bound is a
-    quarter of a CPU for 60 echoes of 1 KiB."""
+    """0.6 s at 200 requests/s, after 0.3 s of warm-up, against an echo
+    server on the same stock loop: the client sleeps between requests, so
+    the pacer's idle spinning is a small part of a CPU, not the spinning
+    pacer's nearly all of one (0.97 with no timer), and so is the client's
+    CPU use, the server's included.  Behaviour, not speed: a fifth of a CPU
+    of spinning, half of one in all, for 120 echoes of 1 KiB.  (What the
+    bounds leave: CPython's client at 0.08-0.09 of a CPU, spinning 0.02-0.03;
+    a fresh PyPy's, compiling as it goes, at 0.20-0.31, spinning 0.07-0.08.)"""
     api, how = openloop.timer_backend()
     if api is None:
         pytest.skip(f"no timerfd here ({how}): the pacer spins")
@@ -429,7 +432,7 @@ def test_an_open_window_at_a_low_rate_leaves_the_client_idle() -> None:
         commands: asyncio.Queue[str] = asyncio.Queue()
         commands.put_nowait("go")
         try:
-            return await openloop.run_window(conns, "open 200", 0.1, 0.3, commands,
+            return await openloop.run_window(conns, "open 200", 0.3, 0.6, commands,
                                               timerfd=api)
         finally:
             for conn in conns:
@@ -437,9 +440,9 @@ def test_an_open_window_at_a_low_rate_leaves_the_client_idle() -> None:
             server.close()
 
     result = asyncio.run(main())
-    assert result["pacer"] == "timerfd" and result["requests"] == 60
-    assert 0 < result["client_cpu"] < 0.25
-    assert 0 <= result["pacer_wait"] <= result["client_cpu"]
+    assert result["pacer"] == "timerfd" and result["requests"] == 120
+    assert 0 <= result["pacer_wait"] < 0.2
+    assert result["pacer_wait"] <= result["client_cpu"] < 0.5
     assert result["client_headroom"] == pytest.approx(
         1 - (result["client_cpu"] - result["pacer_wait"]))
 
