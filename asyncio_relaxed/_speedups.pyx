@@ -387,7 +387,7 @@ cdef frozenset LOOP_METHOD_NAMES = frozenset({"call_soon", "_set_callback", "_So
 cdef object LOOP_METHODS = None
 #: Whether the compiled Loop's _process_events is stock's (set once the
 #: class exists).
-cdef object LOOP_EVENTS = None
+cdef StockAttribute LOOP_EVENTS = None
 
 
 cdef inline LoopCore direct_loop(object loop):
@@ -949,7 +949,7 @@ cdef inline bint stock_process_events(object loop):
     """type(loop)._process_events is stock's: by the class's watch where
     *loop* is exactly the compiled Loop."""
     if type(loop) is CLoop_type:
-        return (<StockAttribute>LOOP_EVENTS).holds()
+        return LOOP_EVENTS.holds()
     return type(loop)._process_events is STOCK_PROCESS_EVENTS
 
 

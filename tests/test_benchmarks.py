@@ -387,7 +387,8 @@ def test_the_builtin_client_runs_with_its_heap_fixed(monkeypatch: pytest.MonkeyP
         def __init__(self, command: list[str], *args: Any, **extra: str) -> None:
             super().__init__(command, *args, **extra)
             with open(f"/proc/{self.proc.pid}/environ", "rb") as f:
-                env = dict(item.decode().partition("=")[::2] for item in f.read().split(b"\0") if item)
+                items = f.read().split(b"\0")
+            env = dict(item.decode().partition("=")[::2] for item in items if item)
             started["client" if "benchmarks.workloads.client" in command else "server"] = env
 
     monkeypatch.setattr(runner, "Process", Recording)

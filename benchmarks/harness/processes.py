@@ -124,7 +124,7 @@ class Process:
                  import_dir: str | None = None, **extra: str) -> None:
         """*extra*: variables added to the child's :func:`environment`."""
         self.proc = spawn(command, cpu=cpu, import_dir=import_dir,
-                          env=environment(import_dir, **extra) if extra else None)
+                          env=environment(import_dir, **extra))
         self.command = command
 
     def read(self, timeout: float = HARD_TIMEOUT) -> dict[str, Any]:

@@ -5,9 +5,9 @@ benchmarks.workloads.asgi, the floors in benchmarks.workloads.floors)
 prints ``{"listening": PORT, ...}`` and then answers the runner over
 stdin/stdout: each ``mark`` line is answered with one JSON line, a
 :func:`snapshot` of the process (its CPU seconds, user + system, from
-``getrusage``, of which ``sys`` the kernel's, and its minor page faults; its resident memory; on
-asyncio_relaxed's loop,
-``loop.statistics()``); the end of input stops the server.  The runner
+``getrusage``, of which ``sys`` the kernel's, and its minor page faults;
+its resident memory; on asyncio_relaxed's loop, ``loop.statistics()``);
+the end of input stops the server.  The runner
 subtracts two marks around the measured window, so start-up and warm-up
 cost nothing.
 

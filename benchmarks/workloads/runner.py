@@ -107,16 +107,6 @@ def wrk_version() -> str | None:
 
 # -- strace -------------------------------------------------------------------------
 
-#: The built-in client's glibc malloc, its thresholds fixed.  With them
-#: dynamic, a TLS client can land in a state where each request's buffers
-#: are mmapped and unmapped (2 page faults a request): it then runs at a
-#: third of its speed, every server sees one request a wakeup where it saw
-#: several, and its CPU per request doubles (tls-echo-1k-c10 on 3.15,
-#: docs/benchmarks.md).  The client is the instrument: it must not make
-#: the servers' figures depend on a heuristic of its own heap.  The servers
-#: keep glibc's defaults, as users run them (their faults are a column).
-CLIENT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-
 #: strace's syscall names -> the columns of the report.
 SYSCALL_KINDS = {
     "poll_waits": ("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select",
@@ -168,6 +158,17 @@ class Unsupported(Exception):
 def server_command(w: Workload, loop: str) -> list[str]:
     return processes.python("-m", "benchmarks.workloads.server", "--kind", w.server,
                             "--loop", loops.preset(loop), *w.server_args, *_tls_flag(w))
+
+
+#: The built-in client's glibc malloc, its thresholds fixed.  With them
+#: dynamic, a TLS client can land in a state where its buffers are mmapped
+#: and unmapped (page faults by the thousand a second): it then runs at
+#: about a third of its speed, every server sees one request a wakeup
+#: where it saw several, and the server's CPU a request doubles
+#: (tls-echo-1k-c10 on 3.15, docs/benchmarks.md).  The client is the instrument: it must not make
+#: the servers' figures depend on a heuristic of its own heap.  The servers
+#: keep glibc's defaults, as users run them (their faults are a column).
+CLIENT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 def client_command(w: Workload, warmup: float, duration: float,
