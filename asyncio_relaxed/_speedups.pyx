@@ -44,7 +44,7 @@ import heapq
 import select
 import sys
 import socket as _socket_module
-from time import monotonic
+import time as _time_module
 
 import weakref
 
@@ -63,6 +63,7 @@ cdef object PySocketTransport = _PySocketTransport
 cdef object PyTransportShared = _PyTransportShared
 cdef object Handle = _compat.Handle
 cdef object TimerHandle = _compat.TimerHandle
+cdef object monotonic = _time_module.monotonic  # (Loop.time: read as a C global)
 cdef object STOCK_HANDLE_RUN = _compat.STOCK_HANDLE_RUN
 cdef object STOCK_PROCESS_EVENTS = _compat.STOCK_PROCESS_EVENTS
 cdef object DeferredSelector = _poller.DeferredSelector
@@ -726,6 +727,7 @@ cdef object _buffered_read_failed(object transport, object sock, object buf, Cou
     raise AssertionError(f"recv_into() took {buf!r}, which is no writable buffer")
 
 
+SOCKET_TRANSPORT = SocketTransport
 TRANSPORT_METHODS = ClassWatch(SocketTransport, (
     "_attach", "_schedule_start", "_connection_made", "_start_reading", "_read_method",
     "_lost", "_unwatch_for_good", "_socket_lost", "_forget", "_detach_server",

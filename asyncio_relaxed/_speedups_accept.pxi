@@ -48,6 +48,29 @@ cdef object SERVING_TYPE = None
 cdef ClassWatch SERVING_METHODS
 
 
+#: The host string of the last IPv4 peer accept_one() took, and its
+#: characters: the next connection from that host gets the same string
+#: without decoding, hashing and comparing a new one (the peer-host cache
+#: of _basetransport._accepted_addresses then finds it as it is: the same
+#: object, its hash kept).
+cdef object last_peer_host = None
+cdef char last_peer[16]
+cdef Py_ssize_t last_peer_len = 0
+
+
+cdef object peer_host(const char *peer, Py_ssize_t peer_len):
+    """The str of an accepted IPv4 peer's dotted quad: the last one's when
+    the characters are the same, else a new one, kept as the last."""
+    global last_peer_host, last_peer_len
+    if peer_len == last_peer_len and memcmp(peer, last_peer, peer_len) == 0:
+        return last_peer_host
+    host = PyUnicode_DecodeASCII(peer, peer_len, NULL)
+    memcpy(last_peer, peer, peer_len)
+    last_peer_len = peer_len
+    last_peer_host = host
+    return host
+
+
 cdef inline bint is_serving(object o) noexcept:
     return PyObject_TypeCheck(o, <PyTypeObject *>PyServing)
 
@@ -81,7 +104,7 @@ def accept_one(self):
                 if c_fd < 0:
                     raise_errno()
                 fd = c_fd
-                addr = (PyUnicode_DecodeASCII(peer, peer_len, NULL), port)
+                addr = (peer_host(peer, peer_len), port)
                 kind = <int>kind | SOCK_NONBLOCK
             else:
                 fd, addr = C_ACCEPT(get(self, L_SOCK))
@@ -109,7 +132,7 @@ def accept_one(self):
     ar_set(self, L_ACCEPTED, get(self, L_ACCEPTED) + 1)
     host = get(self, L_HOST)
     if type(host) is SERVING_TYPE and SERVING_METHODS.unchanged():
-        serving_accepted(host, self, conn, addr)
+        accepted(host, self, conn, addr)
     else:
         host.accepted(self, conn, addr)
     return CONNECTION
@@ -204,6 +227,12 @@ def serving_accepted(self, listener, conn, addr):
     in a copy of the current context (or of the server's, 3.15)."""
     if not is_serving(self) or not is_listener(listener):
         return PyServing.accepted(self, listener, conn, addr)
+    return accepted(self, listener, conn, addr)
+
+
+cdef object accepted(object self, object listener, object conn, object addr):
+    """serving_accepted()'s body, for a Serving and a Listener of the
+    compiled layouts."""
     loop = get(self, V_LOOP)
     if loop_debug(loop) or (get(listener, L_SSLCONTEXT) and not get(self, V_OWN_TLS)):
         return PyServing.accepted(self, listener, conn, addr)

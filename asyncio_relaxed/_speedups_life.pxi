@@ -65,6 +65,10 @@ cdef object BufferedProtocol = asyncio.BufferedProtocol
 cdef object new_weakref = weakref.ref
 cdef long OWNED = _interest.OWNED
 cdef object STOCK_CANCEL = Handle.cancel
+#: The compiled transport's class, held here as its module global is: a
+#: C global is read without the module dict's lookup, which Cython makes
+#: on every read of a global since 3.12 (set once the class exists).
+cdef object SOCKET_TRANSPORT = None
 #: The compiled transport's methods that the functions here call inline (set
 #: once the class exists, at the end of _speedups.pyx).
 cdef ClassWatch TRANSPORT_METHODS
@@ -210,7 +214,7 @@ def transport_init(self, loop, sock, protocol, waiter=None, extra=None, server=N
     options inherited, outside debug mode): the pure __init__'s slots set
     by offset, its _attach and _schedule_start inline.  Any other call is
     the pure __init__'s."""
-    if (waiter is not None or extra or type(self) is not SocketTransport
+    if (waiter is not None or extra or type(self) is not SOCKET_TRANSPORT
             or not accepted_fast(loop, sock, server, shared, inherited_options, peername)):
         _PySocketTransport.__init__(self, loop, sock, protocol, waiter, extra, server,
                                     shared, inherited_options, context, peername, sockname)
@@ -290,7 +294,7 @@ cdef object new_accepted(object loop, object sock, object protocol, object serve
         if (core is not None and not core.patched and (<ClassWatch>LOOP_METHODS).unchanged()
                 and TRANSPORT_NEW.unchanged()
                 and accepted_fast(loop, sock, server, shared, inherited_options, peername)):
-            transport = AR_NEW(SocketTransport)
+            transport = AR_NEW(SOCKET_TRANSPORT)
             init_accepted(transport, loop, sock, protocol, server, shared, context, peername,
                           sockname)
             return transport
@@ -321,8 +325,8 @@ def connection_made(self):
         loop = get(self, T_LOOP)
         handle = events_module.Handle(protocol.connection_made, (self,), loop, None)
         loop._callback_failed(handle, exc)
-    if type(self) is SocketTransport and TRANSPORT_METHODS.unchanged():
-        start_reading(self)
+    if type(self) is SOCKET_TRANSPORT and TRANSPORT_METHODS.unchanged():
+        reading_started(self)
     else:
         self._start_reading()
 
@@ -332,14 +336,20 @@ def start_reading(self):
     registered as the fd's reader (not while closing or paused)."""
     if not is_socket_transport(self):
         return _PySocketTransport._start_reading(self)
+    reading_started(self)
+
+
+cdef int reading_started(object self) except -1:
+    """start_reading()'s body, for a transport of the compiled layout."""
     if get(self, T_CLOSING) or get(self, T_PAUSED):
-        return
+        return 0
     protocol = get(self, T_PROTOCOL)
     if isinstance(protocol, BufferedProtocol):
         method = self._read_ready__get_buffer
     else:
         method = self._read_ready__data_received
     register_reader(get(self, T_LOOP), get(self, T_SOCK_FD), method, transport_context(self))
+    return 0
 
 
 cdef object release_reader(object loop, object poller, object fd):
@@ -423,7 +433,7 @@ def transport_close(self):
         return _PySocketTransport.close(self)
     if get(self, T_CLOSING):
         return
-    if type(self) is not SocketTransport or not TRANSPORT_METHODS.unchanged():
+    if type(self) is not SOCKET_TRANSPORT or not TRANSPORT_METHODS.unchanged():
         return _PySocketTransport.close(self)
     if get(self, T_BUFFER):
         self._send_before_close()
@@ -461,7 +471,7 @@ def on_eof(self):
 def call_connection_lost(self, exc):
     """SocketTransport._call_connection_lost: connection_lost(), then the
     socket closes and the transport leaves its loop and server."""
-    if (not is_socket_transport(self) or type(self) is not SocketTransport
+    if (not is_socket_transport(self) or type(self) is not SOCKET_TRANSPORT
             or not TRANSPORT_METHODS.unchanged()):
         return _PySocketTransport._call_connection_lost(self, exc)
     try:

@@ -145,6 +145,38 @@ def test_written_connection_keeps_no_write_buffer(write: str) -> None:
         loop.close()
 
 
+def test_peers_of_hosts_alike_in_length_keep_their_own_host_string() -> None:
+    """Connections from hosts whose addresses are as long as each other's,
+    accepted in turn, each read their own host, and each host's
+    connections share its string."""
+    hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.2", "127.0.0.1", "127.0.0.3"]
+
+    async def main() -> None:
+        made: list[Idle] = []
+        protocol = type("Idle", (Idle,), {"made": made, "echoed": []})
+        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
+        address = server.sockets[0].getsockname()
+        clients = []
+        try:
+            for i, host in enumerate(hosts):
+                clients.append(socket.create_connection(address, source_address=(host, 0)))
+                await until(lambda: len(made) == i + 1)  # accepted in this order
+            peers = [p.transport.get_extra_info("peername") for p in made]
+            assert peers == [c.getsockname() for c in clients]
+            assert peers[0][0] is peers[2][0] and peers[1][0] is peers[4][0]
+        finally:
+            for sock in clients:
+                sock.close()
+            server.close()
+            await server.wait_closed()
+
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        run(loop, main())
+    finally:
+        loop.close()
+
+
 def test_accepted_peers_share_their_host_string() -> None:
     """Connections from one host share its address string (a server behind a
     proxy sees few hosts), connections to one listener address their local
