@@ -75,7 +75,6 @@ cdef object socket_type = _socket_module.socket
 cdef object heappop = heapq.heappop
 cdef object heappush = heapq.heappush
 cdef object heapify = heapq.heapify
-cdef object end_time = _compat.end_time
 cdef object call_soon_pure = _compat.call_soon
 cdef object _NO_BUFFER = _transport._NO_BUFFER
 cdef bint _HAS_SENDMSG = _transport.HAS_SENDMSG
@@ -85,6 +84,7 @@ cdef double MIN_CANCELLED_TIMER_HANDLES_FRACTION = _compat.MIN_CANCELLED_TIMER_H
 cdef long QUEUED = _writes.QUEUED
 cdef long IDLE = _writes.IDLE
 cdef bint CONTEXTS = _compat.PY315
+cdef bint PY315 = _compat.PY315
 cdef bint PY314 = sys.version_info >= (3, 14)
 cdef object tasks_module = asyncio.tasks
 cdef object base_events_module = asyncio.base_events
@@ -317,6 +317,30 @@ COUNTER_NAMES = _stats.Counters.__slots__
 
 
 # -- the loop's hot state ------------------------------------------------------
+
+cdef double window_end(double now, double resolution):
+    """_compat.end_time: the end of an iteration's due-timer window, now
+    plus the clock's resolution; 3.15's, at least math.ulp(now) (the ulp
+    and the max as CPython's math.ulp and max() compute them)."""
+    cdef double x, up
+    if not PY315:
+        return now + resolution
+    x = fabs(now)
+    if isnan(now) or isinf(x):
+        up = x if not isnan(now) else now
+    else:
+        up = nextafter(x, INFINITY)
+        if isinf(up):
+            up = x - nextafter(x, -INFINITY)
+        else:
+            up = up - x
+    return now + (up if up > resolution else resolution)
+
+
+def _window_end_now(now, resolution):
+    """window_end(), for the tests."""
+    return window_end(now, resolution)
+
 
 cdef class LoopCore:
     """What the compiled code reads of its loop most often, as C fields:
@@ -1224,6 +1248,11 @@ class Loop(_PyLoop):
     def get_debug(self):
         return self._debug
 
+    def is_running(self):
+        """BaseEventLoop.is_running without its frame (asyncio's C Task
+        asks it at each eager start)."""
+        return self._thread_id is not None
+
     def time(self):
         return monotonic()
 
@@ -1364,7 +1393,7 @@ class Loop(_PyLoop):
         # Phase: due timers join the queue.
         if scheduled:
             loop_now = self.time()
-            end = end_time(loop_now, self._clock_resolution)
+            end = window_end(loop_now, self._clock_resolution)
             lag = health.lag if health_timed(health) else None
             while scheduled:
                 handle = scheduled[0]

@@ -35,7 +35,7 @@ OVERRIDES = {
              "_SocketTransport", "_SSLTransport", "_DatagramTransport", "_TransportShared",
              "_Serving", "call_soon", "call_at", "call_later", "_timer_handle_cancelled",
              "create_task", "_asyncgen_firstiter_hook",
-             "create_future", "get_debug", "time", "_run_once", "_set_callback"},
+             "create_future", "get_debug", "is_running", "time", "_run_once", "_set_callback"},
     "SocketTransport": {"__init__", "__del__", "_connection_made", "_start_reading", "close",
                         "_read_ready__on_eof", "_call_connection_lost",
                         "_read_ready__data_received", "_read_ready__get_buffer", "write",
@@ -524,6 +524,22 @@ def test_a_servers_clients_are_kept_as_stocks(detach: str,
         assert detached == (made if detach != "stock" else [])
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("resolution", [1e-09, 0.0, 0.001])
+def test_the_due_timer_window_ends_where_stocks_does(resolution: float) -> None:
+    """The compiled run loop's due-timer window ends where _compat.end_time
+    (the reference: now plus the clock's resolution, 3.15's at least
+    math.ulp(now)) ends it, to the bit, for clock readings small and
+    large, where the float spacing passes the resolution, and at the
+    float's extremes."""
+    import math
+
+    for now in [0.0, 5e-324, 1e-09, 1.0, 12345.678, 2.0**40, 2.0**52, 2.0**53 + 2, 1e300,
+                sys.float_info.max, math.inf, -1.0, -math.inf, math.nan]:
+        want = _compat.end_time(now, resolution)
+        got = speedups._window_end_now(now, resolution)
+        assert got == want or (math.isnan(got) and math.isnan(want)), (now, got, want)
 
 
 def test_loops_in_two_threads_wait_at_once() -> None:
