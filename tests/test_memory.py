@@ -145,68 +145,62 @@ def test_written_connection_keeps_no_write_buffer(write: str) -> None:
         loop.close()
 
 
+def _accepted_from(sources: list[Any]) -> tuple[list[Any], list[Any], list[Any], Any]:
+    """Connect to a server of ours once from each source address (None:
+    the kernel's choice), each connection accepted before the next is made:
+    the connections' peernames and socknames as their transports give them,
+    the clients' own addresses and the server's."""
+    peers: list[Any] = []
+    locals_: list[Any] = []
+    clients: list[Any] = []
+
+    async def main() -> Any:
+        made: list[Idle] = []
+        protocol = type("Idle", (Idle,), {"made": made, "echoed": []})
+        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
+        address = server.sockets[0].getsockname()
+        sockets = []
+        try:
+            for i, source in enumerate(sources):
+                sockets.append(socket.create_connection(address, source_address=source))
+                await until(lambda: len(made) == i + 1)  # accepted in this order
+            peers.extend(p.transport.get_extra_info("peername") for p in made)
+            locals_.extend(p.transport.get_extra_info("sockname") for p in made)
+            clients.extend(sock.getsockname() for sock in sockets)
+        finally:
+            for sock in sockets:
+                sock.close()
+            server.close()
+            await server.wait_closed()
+        return address
+
+    loop = asyncio_relaxed.new_event_loop()
+    try:
+        address = run(loop, main())
+    finally:
+        loop.close()
+    return peers, locals_, clients, address
+
+
 def test_peers_of_hosts_alike_in_length_keep_their_own_host_string() -> None:
     """Connections from hosts whose addresses are as long as each other's,
     accepted in turn, each read their own host, and each host's
     connections share its string."""
     hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.2", "127.0.0.1", "127.0.0.3"]
-
-    async def main() -> None:
-        made: list[Idle] = []
-        protocol = type("Idle", (Idle,), {"made": made, "echoed": []})
-        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
-        address = server.sockets[0].getsockname()
-        clients = []
-        try:
-            for i, host in enumerate(hosts):
-                clients.append(socket.create_connection(address, source_address=(host, 0)))
-                await until(lambda: len(made) == i + 1)  # accepted in this order
-            peers = [p.transport.get_extra_info("peername") for p in made]
-            assert peers == [c.getsockname() for c in clients]
-            assert peers[0][0] is peers[2][0] and peers[1][0] is peers[4][0]
-        finally:
-            for sock in clients:
-                sock.close()
-            server.close()
-            await server.wait_closed()
-
-    loop = asyncio_relaxed.new_event_loop()
-    try:
-        run(loop, main())
-    finally:
-        loop.close()
+    peers, _, clients, _ = _accepted_from([(host, 0) for host in hosts])
+    assert peers == clients
+    assert peers[0][0] is peers[2][0] and peers[1][0] is peers[4][0]
 
 
 def test_accepted_peers_share_their_host_string() -> None:
     """Connections from one host share its address string (a server behind a
     proxy sees few hosts), connections to one listener address their local
     address; the addresses still read the same."""
-
-    async def main() -> None:
-        made: list[Idle] = []
-        protocol = type("Idle", (Idle,), {"made": made, "echoed": []})
-        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
-        address = server.sockets[0].getsockname()
-        clients = [socket.create_connection(address) for _ in range(2)]
-        try:
-            await until(lambda: len(made) == 2)
-            peers = [p.transport.get_extra_info("peername") for p in made]
-            assert sorted(peers) == sorted(c.getsockname() for c in clients)
-            assert peers[0][0] is peers[1][0]
-            locals_ = [p.transport.get_extra_info("sockname") for p in made]
-            assert locals_[0] == locals_[1] == clients[0].getpeername()
-            assert locals_[0] is locals_[1]
-        finally:
-            for sock in clients:
-                sock.close()
-            server.close()
-            await server.wait_closed()
-
-    loop = asyncio_relaxed.new_event_loop()
-    try:
-        run(loop, main())
-    finally:
-        loop.close()
+    peers, locals_, clients, address = _accepted_from([None, None])
+    assert peers == clients
+    assert peers[0][0] is peers[1][0]
+    assert locals_[0] == locals_[1] == address
+    assert locals_[0] is locals_[1]
 
 
 def test_the_address_caches_start_over_at_their_cap() -> None:
