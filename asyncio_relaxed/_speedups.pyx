@@ -325,15 +325,9 @@ cdef double window_end(double now, double resolution):
     cdef double x, up
     if not PY315:
         return now + resolution
-    x = fabs(now)
-    if isnan(now) or isinf(x):
-        up = x if not isnan(now) else now
-    else:
-        up = nextafter(x, INFINITY)
-        if isinf(up):
-            up = x - nextafter(x, -INFINITY)
-        else:
-            up = up - x
+    x = fabs(now)  # (a NaN or an infinity gives what math.ulp gives: itself)
+    up = nextafter(x, INFINITY)
+    up = x - nextafter(x, -INFINITY) if isinf(up) else up - x
     return now + (up if up > resolution else resolution)
 
 

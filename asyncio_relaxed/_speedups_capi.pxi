@@ -16,7 +16,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from libc.errno cimport errno, EAGAIN, EBADF, EEXIST, EINTR, ENOENT
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcmp, memcpy
-from libc.math cimport fabs, isinf, isnan, nextafter, INFINITY
+from libc.math cimport fabs, isinf, nextafter, INFINITY
 
 cdef extern from *:
     """

@@ -150,11 +150,8 @@ def _accepted_from(sources: list[Any]) -> tuple[list[Any], list[Any], list[Any],
     the kernel's choice), each connection accepted before the next is made:
     the connections' peernames and socknames as their transports give them,
     the clients' own addresses and the server's."""
-    peers: list[Any] = []
-    locals_: list[Any] = []
-    clients: list[Any] = []
 
-    async def main() -> Any:
+    async def main() -> tuple[list[Any], list[Any], list[Any], Any]:
         made: list[Idle] = []
         protocol = type("Idle", (Idle,), {"made": made, "echoed": []})
         server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
@@ -164,22 +161,20 @@ def _accepted_from(sources: list[Any]) -> tuple[list[Any], list[Any], list[Any],
             for i, source in enumerate(sources):
                 sockets.append(socket.create_connection(address, source_address=source))
                 await until(lambda: len(made) == i + 1)  # accepted in this order
-            peers.extend(p.transport.get_extra_info("peername") for p in made)
-            locals_.extend(p.transport.get_extra_info("sockname") for p in made)
-            clients.extend(sock.getsockname() for sock in sockets)
+            return ([p.transport.get_extra_info("peername") for p in made],
+                    [p.transport.get_extra_info("sockname") for p in made],
+                    [sock.getsockname() for sock in sockets], address)
         finally:
             for sock in sockets:
                 sock.close()
             server.close()
             await server.wait_closed()
-        return address
 
     loop = asyncio_relaxed.new_event_loop()
     try:
-        address = run(loop, main())
+        return run(loop, main())
     finally:
         loop.close()
-    return peers, locals_, clients, address
 
 
 def test_peers_of_hosts_alike_in_length_keep_their_own_host_string() -> None:
