@@ -375,6 +375,15 @@ def test_a_server_that_answers_no_mark_fails_the_run(monkeypatch: pytest.MonkeyP
     assert silent.proc.returncode is not None  # killed on the way out
 
 
+def test_the_kernels_part_of_a_windows_cpu_is_never_above_the_whole() -> None:
+    """A window with no user time: the marks' CPU is user + system as
+    float sums, whose difference can come out a rounding below the system
+    time's own; in getrusage's whole microseconds the two are equal."""
+    before = {"cpu": 1.5 + 0.7, "sys": 0.7}
+    after = {"cpu": 1.5 + 0.7 + 0.3, "sys": 0.7 + 0.3}
+    assert runner.cpu_us(before, after, "sys") == runner.cpu_us(before, after) == 300_000
+
+
 @pytest.mark.timeout(60)
 def test_the_builtin_client_runs_with_its_heap_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's glibc malloc has fixed thresholds (runner.CLIENT_MALLOC),

@@ -333,6 +333,14 @@ def _window(w: Workload, server: Process, client: Process | None, port: int, pat
     return result, before, after, client_name
 
 
+def cpu_us(before: dict[str, Any], after: dict[str, Any], key: str = "cpu") -> int:
+    """The server's CPU seconds *key* between two marks, in whole
+    microseconds: getrusage's resolution, so the kernel's part ("sys") is
+    never above the whole ("cpu", user + system), which float sums of the
+    two times can put a rounding below it."""
+    return round((after[key] - before[key]) * 1e6)
+
+
 def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
              before: dict[str, Any], after: dict[str, Any], client_name: str) -> dict[str, Any]:
     """A window's figures from the client's result and the server's marks
@@ -352,16 +360,16 @@ def _figures(w: Workload, loop: str, duration: float, result: dict[str, Any],
     sample: dict[str, Any] = {"client": client_name, "units": units}
     if w.client == "idle":
         sample["bytes_per_unit"] = (after["rss"] - before["rss"]) / units
-        sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+        sample["cpu_us_per_unit"] = cpu_us(before, after) / units
         return sample
     sample["rate"] = units / result["elapsed"]
     if w.unit == "MiB":
         sample["gbit_s"] = result["gbit_s"]
-    sample["cpu_us_per_unit"] = (after["cpu"] - before["cpu"]) * 1e6 / units
+    sample["cpu_us_per_unit"] = cpu_us(before, after) / units
     if "sys" in after and "sys" in before:
         # The kernel's part of the CPU: a loop's system calls, which an
         # instruction count (user space only) leaves out.
-        sample["sys_us_per_unit"] = (after["sys"] - before["sys"]) * 1e6 / units
+        sample["sys_us_per_unit"] = cpu_us(before, after, "sys") / units
     if "minflt" in after and "minflt" in before:
         # Minor page faults: glibc serving stock's recv(256 KiB) by mmap
         # (a fault or more per read) rather than from the heap shows here.
